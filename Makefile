@@ -1,0 +1,36 @@
+# Set-up contract: `make serve` and `make test` do all set-up on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL ?= smollm2-135m-instruct
+
+.PHONY: install serve test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+serve: install
+	$(BIN)/tokenmill models pull $(MODEL)
+	$(BIN)/tokenmill serve $(MODEL) --host 127.0.0.1 --port 8000
+
+test: install
+	$(BIN)/tokenmill models pull $(MODEL)
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python benchmarks/offline_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info
