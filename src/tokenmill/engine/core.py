@@ -1,0 +1,68 @@
+"""EngineCore: the loop's body. One step = schedule -> execute -> update.
+
+Everything above it (LLM, AsyncEngine) only adds requests, aborts them, calls step() and
+turns the token-level outputs into text. Nothing here knows about HTTP or asyncio.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+
+from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.outputs import EngineCoreOutput
+from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.engine.runner.model_runner import ModelRunner
+from tokenmill.engine.scheduler import Scheduler
+from tokenmill.engine.stats import SchedulerStats
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, weights: dict[str, torch.Tensor]) -> None:
+        self.config = config
+        self.runner = ModelRunner(config.model, weights, config.cache, config.scheduler, config.device)
+        self.runner.warm_up()
+        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks)
+        self.last_step_time: float | None = None
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request. Raises ValueError at once for one that can never be served."""
+        self.check_token_ids(request.prompt_token_ids)
+        vocab = self.config.model.vocab_size
+        params = request.sampling_params
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or {})):
+            if any(t >= vocab for t in ids):
+                raise ValueError(f"{name} holds token ids outside the vocabulary [0, {vocab})")
+        self.scheduler.add_request(request)
+
+    def check_token_ids(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.config.model.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in the vocabulary [0, {vocab})")
+
+    def abort_requests(self, req_ids: Iterable[str]) -> None:
+        self.scheduler.abort_requests(req_ids)
+
+    def finish_requests(self, req_ids: Iterable[str]) -> None:
+        """End requests stopped outside the engine (a stop string matched in the text)."""
+        self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_STOPPED)
+
+    def step(self) -> list[EngineCoreOutput]:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.runner.execute_model(scheduler_output)
+        outputs = self.scheduler.update(scheduler_output, runner_output)
+        self.last_step_time = time.monotonic()
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+    def embed(self, token_ids: list[int]) -> list[float]:
+        return self.runner.embed(token_ids).tolist()

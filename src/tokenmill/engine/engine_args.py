@@ -1,0 +1,78 @@
+"""EngineArgs: the user's knobs, turned into an EngineConfig and a loaded engine.
+
+One place resolves a model name or path, loads the checkpoint, derives defaults
+(max_model_len from the model, dtype per device) and builds the EngineCore, so the
+offline LLM, the AsyncEngine and the server all start engines the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tokenmill.engine.config import (
+    CacheConfig,
+    DeviceConfig,
+    EngineConfig,
+    SchedulerConfig,
+)
+from tokenmill.engine.core import EngineCore
+from tokenmill.engine.loader.checkpoint import load_checkpoint
+from tokenmill.engine.loader.model_store import resolve_model
+from tokenmill.engine.loader.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass
+class EngineArgs:
+    model: str = DEFAULT_MODEL
+    # "auto" (bf16 on AMX/AVX512-BF16 CPUs and CUDA, else fp32), "float32", "bfloat16".
+    dtype: str = "auto"
+    device: str = "cpu"
+    kv_cache_memory_bytes: int = 1 << 30
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    # None: the model's own context length.
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    num_threads: int | None = None
+
+    def create_engine(self) -> tuple[EngineCore, Tokenizer]:
+        path = resolve_model(self.model)
+        checkpoint = load_checkpoint(path)
+        model_config = checkpoint.config
+        max_model_len = self.max_model_len or model_config.max_position_embeddings
+        if max_model_len > model_config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's context length "
+                f"{model_config.max_position_embeddings}"
+            )
+        max_batched = self.max_num_batched_tokens
+        if not self.enable_chunked_prefill:
+            max_batched = max(max_batched, max_model_len)
+        config = EngineConfig(
+            model=model_config,
+            cache=CacheConfig(
+                block_size=self.block_size,
+                kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                enable_prefix_caching=self.enable_prefix_caching,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=max_batched,
+                max_model_len=max_model_len,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+            ),
+            device=DeviceConfig(device=self.device, dtype=self.dtype, num_threads=self.num_threads),
+        )
+        engine = EngineCore(config, checkpoint.weights)
+        logger.info(
+            "engine ready: %s, dtype %s, %d KV blocks of %d tokens",
+            path, engine.runner.dtype, engine.runner.num_blocks, self.block_size,
+        )
+        return engine, checkpoint.tokenizer

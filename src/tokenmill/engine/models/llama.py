@@ -1,0 +1,147 @@
+"""Llama-family decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU, tied embeddings.
+
+Covers Llama 2/3, SmolLM, Mistral (no sliding window) and Qwen2 (qkv bias). The model knows
+nothing about paging: attention goes through an `Attention` callable the runner binds to
+the KV cache and the step's metadata, so the same weights serve paged decoding and
+cache-free embedding passes.
+
+Projections are fused for fewer, larger matmuls: q|k|v in one [(nh + 2 kvh) * hd, hidden]
+weight, gate|up in one [2 * ffn, hidden] weight. Tokens of all requests in a step are
+flattened into one [T, hidden] batch.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from tokenmill.engine.config import ModelConfig
+from tokenmill.engine.models.layers.norm import RMSNorm
+from tokenmill.engine.models.layers.rotary import RotaryEmbedding
+
+
+class Attention(Protocol):
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q: [T, nh, hd], k/v: [T, kvh, hd] (rotated) -> out [T, nh, hd]."""
+        ...
+
+
+def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention for one sequence with no KV cache (embedding passes, reference checks)."""
+    # q: [T, nh, hd], k/v: [T, kvh, hd] -> [T, nh, hd]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+    )
+    return out.transpose(0, 1)
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        hd, nh, kvh = config.head_dim, config.num_heads, config.num_kv_heads
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.qkv_proj = torch.nn.Linear(
+            config.hidden_size, (nh + 2 * kvh) * hd, bias=config.attention_bias
+        )
+        self.o_proj = torch.nn.Linear(nh * hd, config.hidden_size, bias=False)
+        self.gate_up_proj = torch.nn.Linear(
+            config.hidden_size, 2 * config.intermediate_size, bias=False
+        )
+        self.down_proj = torch.nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.intermediate_size = config.intermediate_size
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention: Attention,
+    ) -> torch.Tensor:
+        # x: [T, hidden]
+        num_tokens = x.shape[0]
+        nh, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(self.input_layernorm(x)).view(num_tokens, nh + 2 * kvh, hd)
+        qk = rope.apply(qkv[:, : nh + kvh], cos, sin)  # q and k heads rotated together
+        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + kvh :]
+        attn = attention(self.index, q, k, v)  # [T, nh, hd]
+        x = x + self.o_proj(attn.reshape(num_tokens, nh * hd))
+        gate_up = self.gate_up_proj(self.post_attention_layernorm(x))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaForCausalLM(torch.nn.Module):
+    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = torch.nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rope = RotaryEmbedding(config, max_positions)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
+    ) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden] (normed)."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, self.rope, cos, sin, attention)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, hidden] -> float32 logits [R, vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named tensors in, fusing q|k|v and gate|up. Every tensor must be used."""
+        remaining = dict(weights)
+
+        def take(name: str) -> torch.Tensor:
+            if name not in remaining:
+                raise ValueError(f"checkpoint is missing tensor {name!r}")
+            return remaining.pop(name)
+
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
+            self.norm.weight.copy_(take("model.norm.weight"))
+            if self.lm_head is not None:
+                self.lm_head.weight.copy_(take("lm_head.weight"))
+            else:
+                remaining.pop("lm_head.weight", None)  # tied checkpoints may still ship it
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                layer.input_layernorm.weight.copy_(take(p + "input_layernorm.weight"))
+                layer.post_attention_layernorm.weight.copy_(
+                    take(p + "post_attention_layernorm.weight")
+                )
+                layer.qkv_proj.weight.copy_(
+                    torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+                )
+                if layer.qkv_proj.bias is not None:
+                    layer.qkv_proj.bias.copy_(
+                        torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+                    )
+                layer.o_proj.weight.copy_(take(p + "self_attn.o_proj.weight"))
+                layer.gate_up_proj.weight.copy_(
+                    torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+                )
+                layer.down_proj.weight.copy_(take(p + "mlp.down_proj.weight"))
+        unused = [n for n in remaining if not n.endswith("rotary_emb.inv_freq")]
+        if unused:
+            raise ValueError(f"checkpoint has tensors the model does not use: {unused[:5]}")

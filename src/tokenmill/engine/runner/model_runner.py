@@ -1,0 +1,265 @@
+"""Turns one SchedulerOutput into one forward pass and the sampled tokens.
+
+A step flattens every scheduled token of every request into one batch of T tokens
+(decodes contribute 1, prefill chunks many), so prefills and decodes share each matmul.
+Inputs are gathered from the InputBatch's arrays with a handful of vectorized numpy ops;
+the attention metadata is built once per step and read by all layers. Only the last
+token of each request that reached the end of its known tokens is projected to logits
+and sampled; a request still mid-way through a chunked prefill samples nothing.
+
+    input_ids, positions, slot_mapping  [T]
+    query_start_loc                     [R + 1]   request r owns tokens qsl[r]:qsl[r+1]
+    seq_lens                            [R]       context length after this step
+    block_table                         [R, max_blocks_in_step]
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenmill.engine.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
+from tokenmill.engine.models.llama import causal_attention
+from tokenmill.engine.models.registry import build_model
+from tokenmill.engine.runner.attention import AttentionMetadata, PagedAttention
+from tokenmill.engine.runner.input_batch import InputBatch
+from tokenmill.engine.runner.kv_cache_tensors import KVCacheTensors
+from tokenmill.engine.runner.output import ModelRunnerOutput
+from tokenmill.engine.runner.sampling_batch import SamplingBatch
+from tokenmill.engine.scheduler_output import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_dtype(device: torch.device, dtype: str) -> torch.dtype:
+    """"auto": bfloat16 where the hardware has fast bf16 matmuls (AMX/AVX512-BF16, CUDA).
+
+    Measured on the 2-core AMX machine: bf16 decode steps are 2.3x (batch 1) to 3.5x
+    (batch 64) faster than fp32, because weights stream at half the bytes and AMX tiles
+    the larger batches (benchmarks/offline_throughput.py).
+    """
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device.type == "cuda":
+        return torch.bfloat16
+    if device.type == "cpu" and torch.backends.mkldnn.is_available():
+        try:
+            if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+                return torch.bfloat16
+        except (AttributeError, RuntimeError):
+            pass
+    return torch.float32
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        cache_config: CacheConfig,
+        scheduler_config: SchedulerConfig,
+        device_config: DeviceConfig,
+    ) -> None:
+        if device_config.num_threads is not None:
+            torch.set_num_threads(device_config.num_threads)
+        self.device = torch.device(device_config.device)
+        self.dtype = resolve_dtype(self.device, device_config.dtype)
+        self.model_config = model_config
+        self.block_size = cache_config.block_size
+        self.max_model_len = scheduler_config.max_model_len
+        self.model = self._load_model(model_config, weights)
+        self.kv_cache = KVCacheTensors.allocate(
+            model_config, cache_config, self.dtype, self.device
+        )
+        self.attention = PagedAttention(self.device)
+        self.input_batch = InputBatch(
+            scheduler_config.max_num_seqs, scheduler_config.max_model_len, self.block_size
+        )
+        self.sampling = SamplingBatch(
+            scheduler_config.max_num_seqs, model_config.vocab_size, self.device
+        )
+        self.eos_token_ids = model_config.eos_token_ids
+        # req_id -> top-k of the prompt logprobs it asked for (only while its prompt runs).
+        self.prompt_logprobs_k: dict[str, int] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    def _load_model(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+        model = build_model(config, self.max_model_len)
+        model.load_weights(weights)
+        model = model.to(device=self.device, dtype=self.dtype)
+        # RoPE tables stay float32 (cast per step) so positions far out stay exact.
+        model.rope.float()
+        model.eval()
+        return model
+
+    # ------------------------------------------------------------------ step
+    @torch.inference_mode()
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_batch(sched)
+        if sched.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput()
+        req_ids = list(sched.num_scheduled_tokens)
+        inputs = self._prepare_inputs(req_ids, sched)
+        hidden = self.model(inputs.input_ids, inputs.positions, self._bind(inputs.metadata))
+        sample_ids = [req_ids[i] for i in inputs.sample_req_indices]
+        output = ModelRunnerOutput(req_ids=sample_ids)
+        if sample_ids:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            tokens, logprobs = self.sampling.sample(logits, sample_ids)
+            token_list = tokens.tolist()
+            self.input_batch.append_tokens(inputs.sample_rows, np.asarray(token_list, np.int32))
+            self.sampling.append_tokens(sample_ids, token_list)
+            output.sampled_token_ids = token_list
+            output.logprobs = logprobs
+        self._prompt_logprobs(req_ids, inputs, hidden, output)
+        return output
+
+    def _update_batch(self, sched: SchedulerOutput) -> None:
+        for req_id in sched.finished_req_ids:
+            self.input_batch.remove(req_id)
+            self.prompt_logprobs_k.pop(req_id, None)
+            if req_id in self.sampling:
+                self.sampling.remove(req_id)
+        for new in sched.new_reqs:
+            self.input_batch.add(new)
+            params = new.sampling_params
+            if params.prompt_logprobs is not None and len(new.token_ids) == new.num_prompt_tokens:
+                self.prompt_logprobs_k[new.req_id] = params.prompt_logprobs
+            self.sampling.add(
+                new.req_id,
+                params,
+                new.token_ids[: new.num_prompt_tokens],
+                new.token_ids[new.num_prompt_tokens :],
+                self.eos_token_ids,
+            )
+        for cached in sched.cached_reqs:
+            self.input_batch.update(cached)
+
+    def _prepare_inputs(self, req_ids: list[str], sched: SchedulerOutput) -> _StepInputs:
+        batch = self.input_batch
+        rows = np.fromiter((batch.row_of[r] for r in req_ids), np.int64, len(req_ids))
+        num_sched = np.fromiter(sched.num_scheduled_tokens.values(), np.int64, len(req_ids))
+        num_reqs = len(req_ids)
+        cu = np.cumsum(num_sched)
+        total = int(cu[-1])
+        query_start = np.zeros(num_reqs + 1, np.int64)
+        query_start[1:] = cu
+        start = batch.num_computed_tokens[rows].astype(np.int64)
+        req_of_token = np.repeat(np.arange(num_reqs), num_sched)
+        positions = start[req_of_token] + np.arange(total) - query_start[req_of_token]
+        token_rows = rows[req_of_token]
+        input_ids = batch.token_ids[token_rows, positions]
+        block_ids = batch.block_table[token_rows, positions // self.block_size]
+        slot_mapping = block_ids.astype(np.int64) * self.block_size + positions % self.block_size
+        seq_lens = start + num_sched
+        max_blocks = int(-(-seq_lens.max() // self.block_size))
+        samples = seq_lens == batch.num_tokens[rows]
+        # The runner's own count of computed tokens moves with the step; the scheduler's
+        # CachedRequestData of the next step must agree.
+        batch.num_computed_tokens[rows] = seq_lens
+        dev = self.device
+        metadata = AttentionMetadata.build(
+            block_table=torch.from_numpy(batch.block_table[rows, :max_blocks]).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            query_start_loc=torch.from_numpy(query_start.astype(np.int32)).to(dev),
+            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            max_query_len=int(num_sched.max()),
+            block_size=self.block_size,
+        )
+        return _StepInputs(
+            input_ids=torch.from_numpy(input_ids.astype(np.int64)).to(dev),
+            positions=torch.from_numpy(positions).to(dev),
+            metadata=metadata,
+            query_start=query_start,
+            start=start,
+            rows=rows,
+            sample_req_indices=np.nonzero(samples)[0].tolist(),
+            sample_rows=rows[samples],
+            logits_indices=torch.from_numpy(cu[samples] - 1).to(dev),
+        )
+
+    def _bind(self, metadata: AttentionMetadata):  # -> models.llama.Attention
+        kv, attention = self.kv_cache, self.attention
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_cache, v_cache = kv.layer(layer)
+            attention.write_kv(k, v, k_cache, v_cache, metadata)
+            return attention.forward(q, k_cache, v_cache, metadata)
+
+        return attend
+
+    def _prompt_logprobs(
+        self,
+        req_ids: list[str],
+        inputs: _StepInputs,
+        hidden: torch.Tensor,
+        output: ModelRunnerOutput,
+    ) -> None:
+        # Prompt token p (p >= 1) is scored by the logits at position p - 1. Only requests
+        # that asked for prompt logprobs pay for the extra vocabulary projection.
+        if not self.prompt_logprobs_k:
+            return
+        for i, req_id in enumerate(req_ids):
+            if req_id not in self.prompt_logprobs_k:
+                continue
+            num_prompt = int(self.input_batch.num_prompt_tokens[inputs.rows[i]])
+            first = int(inputs.start[i])
+            last = min(int(inputs.start[i] + inputs.query_start[i + 1] - inputs.query_start[i]), num_prompt - 1)
+            if last <= first:
+                continue
+            offset = int(inputs.query_start[i])
+            logits = self.model.compute_logits(hidden[offset : offset + last - first])
+            prompt = self.input_batch.prompt_token_ids(req_id)
+            targets = torch.from_numpy(prompt[first + 1 : last + 1].astype(np.int64)).to(self.device)
+            output.prompt_logprobs[req_id] = self.sampling.compute_prompt_logprobs(
+                logits, targets, self.prompt_logprobs_k[req_id]
+            )
+
+    # ------------------------------------------------------------------ other passes
+    @torch.inference_mode()
+    def embed(self, token_ids: list[int]) -> torch.Tensor:
+        """Mean-pooled, L2-normalized final hidden states of one sequence, with no KV cache."""
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(len(token_ids), device=self.device)
+        hidden = self.model(ids, positions, causal_attention)
+        pooled = hidden.float().mean(dim=0)
+        return torch.nn.functional.normalize(pooled, dim=0)
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Run a throwaway forward at a few batch shapes so first requests don't pay for
+        kernel builds and allocator growth. Uses block 0 before any request owns it."""
+        for num_tokens in (1, 16, 64):
+            n = min(num_tokens, self.block_size * self.kv_cache.num_blocks, self.max_model_len)
+            positions = torch.arange(n, device=self.device)
+            metadata = AttentionMetadata.build(
+                block_table=torch.arange(-(-n // self.block_size), dtype=torch.int32, device=self.device)[None],
+                seq_lens=torch.tensor([n], dtype=torch.int32, device=self.device),
+                query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=self.device),
+                slot_mapping=positions.clone(),
+                max_query_len=n,
+                block_size=self.block_size,
+            )
+            hidden = self.model(torch.zeros(n, dtype=torch.long, device=self.device), positions, self._bind(metadata))
+            self.model.compute_logits(hidden[-1:])
+
+
+@dataclass
+class _StepInputs:
+    """The step's model inputs plus the numpy views the runner needs after the forward."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    query_start: np.ndarray
+    start: np.ndarray
+    rows: np.ndarray
+    sample_req_indices: list[int]
+    sample_rows: np.ndarray
+    logits_indices: torch.Tensor
