@@ -1,0 +1,1 @@
+"""The `tokenmill` command line: one module per command group (see main.py)."""
