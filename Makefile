@@ -12,6 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -c "from tokenmill.engine.runner.attention import load_cpu_kernel; load_cpu_kernel()"
 	touch $(STAMP)
 
 serve: install

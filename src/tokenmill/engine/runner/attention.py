@@ -25,6 +25,7 @@ measures where that pays (see DEFAULT_DENSE_PREFILL_MIN_LEN).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
@@ -72,14 +73,20 @@ def load_cpu_kernel() -> ModuleType | None:
         ).hexdigest()[:16]
         build_dir = extension_dir() / f"paged_attention_{digest}"
         build_dir.mkdir(parents=True, exist_ok=True)
-        return load(
-            name=f"tokenmill_paged_attention_{digest}",
-            sources=[str(_CSRC)],
-            extra_cflags=list(_CFLAGS),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build_dir),
-            verbose=False,
-        )
+        # torch's own build lock is a plain file that a killed build leaves behind, after
+        # which every later start waits on it forever. Serialize builds with a kernel-held
+        # flock instead (released when its holder dies) and clear the stale file under it.
+        with open(build_dir / ".tokenmill.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (build_dir / "lock").unlink(missing_ok=True)
+            return load(
+                name=f"tokenmill_paged_attention_{digest}",
+                sources=[str(_CSRC)],
+                extra_cflags=list(_CFLAGS),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
     except Exception as exc:  # any build/import failure means "use the fallback"
         logger.warning("paged attention C++ kernel unavailable, using the torch fallback: %s", exc)
         return None
