@@ -20,9 +20,15 @@ SYSTEM = "You are a meticulous assistant who answers in one short sentence, citi
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a primary colour."}],
-    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "How many legs does a spider have?"}],
-    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
-     {"role": "user", "content": "Tell me a fun fact about octopuses."}],
+    [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "How many legs does a spider have?"},
+    ],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a fun fact about octopuses."},
+    ],
 ]
 RAW = [
     "The quick brown fox",
@@ -56,10 +62,13 @@ def hf_reference(llm: LLM, prompt_ids: list[list[int]]) -> list[list[int]]:
     with torch.inference_mode():
         for ids in prompt_ids:
             gen = model.generate(
-                torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                eos_token_id=eos, pad_token_id=eos[0],
+                torch.tensor([ids]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
             )
-            tokens = gen[0, len(ids):].tolist()
+            tokens = gen[0, len(ids) :].tolist()
             out.append(tokens)
     return out
 
@@ -93,8 +102,12 @@ def test_prefix_cache_hits(llm, prompt_ids, hf_reference) -> None:
 
 
 def test_preemption(prompt_ids, hf_reference) -> None:
-    small = LLM(dtype="float32", max_num_seqs=16, enable_prefix_caching=False,
-                kv_cache_memory_bytes=24 * 2 * 30 * 3 * 16 * 64 * 4)  # 24 blocks
+    small = LLM(
+        dtype="float32",
+        max_num_seqs=16,
+        enable_prefix_caching=False,
+        kv_cache_memory_bytes=8 * 2 * 30 * 3 * 16 * 64 * 4,
+    )  # 14 blocks = 224 tokens
     outputs = small.generate([{"prompt_token_ids": ids} for ids in prompt_ids], greedy())
     assert token_ids(outputs) == hf_reference
     assert small.core.stats().num_preemptions > 0
@@ -110,11 +123,18 @@ def test_chunked_prefill_of_long_prompt(llm) -> None:
     chunked = LLM(dtype="float32", max_num_batched_tokens=128, kv_cache_memory_bytes=256 << 20)
     got = token_ids(chunked.generate({"prompt_token_ids": ids}, greedy()))[0]
     path = resolve_model("smollm2-135m-instruct")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
     eos = list(tok.eos_token_ids)
     with torch.inference_mode():
-        want = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                              eos_token_id=eos, pad_token_id=eos[0])[0, len(ids):].tolist()
+        want = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+        )[0, len(ids) :].tolist()
     assert got == want
 
 

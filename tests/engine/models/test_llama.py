@@ -14,9 +14,16 @@ transformers = pytest.importorskip("transformers")
 def _pair(arch: str, rope_scaling: dict | None = None, tie: bool = True):
     torch.manual_seed(0)
     common = dict(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
-        max_position_embeddings=256, tie_word_embeddings=tie,
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
     )
     if arch == "qwen2":
         hf_config = transformers.Qwen2Config(**common)
@@ -30,10 +37,20 @@ def _pair(arch: str, rope_scaling: dict | None = None, tie: bool = True):
             if name.endswith("bias"):
                 p.normal_()
     config = ModelConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
-        rope_scaling=rope_scaling, max_position_embeddings=256, tie_word_embeddings=tie,
-        attention_bias=arch == "qwen2", architecture=arch,
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        attention_bias=arch == "qwen2",
+        architecture=arch,
     )
     ours = LlamaForCausalLM(config, max_positions=256)
     ours.load_weights({k: v.detach().clone() for k, v in hf.state_dict().items()})
@@ -46,8 +63,17 @@ def _pair(arch: str, rope_scaling: dict | None = None, tie: bool = True):
         ("llama", None, True),
         ("llama", None, False),
         ("qwen2", None, True),
-        ("llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0, "original_max_position_embeddings": 32}, True),
+        (
+            "llama",
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            True,
+        ),
         ("llama", {"rope_type": "linear", "factor": 2.0}, True),
     ],
 )

@@ -1,0 +1,1 @@
+"""Layer 4: the OpenAI-compatible HTTP server for one engine replica."""
