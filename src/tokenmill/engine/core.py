@@ -6,6 +6,8 @@ turns the token-level outputs into text. Nothing here knows about HTTP or asynci
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Iterable
 
@@ -18,12 +20,24 @@ from tokenmill.engine.runner.model_runner import ModelRunner
 from tokenmill.engine.scheduler import Scheduler
 from tokenmill.engine.stats import SchedulerStats
 
+logger = logging.getLogger(__name__)
+
 
 class EngineCore:
     def __init__(self, config: EngineConfig, weights: dict[str, torch.Tensor]) -> None:
         self.config = config
         self.runner = ModelRunner(config.model, weights, config.cache, config.scheduler, config.device)
         self.runner.warm_up()
+        capacity = self.runner.num_blocks * config.cache.block_size
+        if capacity < config.scheduler.max_model_len:
+            logger.warning(
+                "the KV cache holds %d tokens, fewer than max_model_len=%d: capping max_model_len",
+                capacity, config.scheduler.max_model_len,
+            )
+            config = dataclasses.replace(
+                config, scheduler=dataclasses.replace(config.scheduler, max_model_len=capacity)
+            )
+            self.config = config
         self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks)
         self.last_step_time: float | None = None
 
