@@ -42,9 +42,12 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
 
 
 def matmul_params(engine) -> int:
-    model = engine.runner.model
-    n = sum(p.numel() for name, p in model.named_parameters() if name.endswith("proj.weight"))
-    return n + model.embed_tokens.weight.numel()  # the (tied) LM head
+    """Weights every token multiplies: the projections of all layers plus the LM head."""
+    c = engine.config.model
+    attn = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    attn += c.num_heads * c.head_dim * c.hidden_size
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    return c.num_layers * (attn + mlp) + c.vocab_size * c.hidden_size
 
 
 def run_batch(engine, batch: int, input_len: int, output_len: int, seed: int) -> dict:

@@ -451,7 +451,6 @@ def test_metrics_move(server: Server) -> None:
     assert after["tokenmill:num_requests_running"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="the engine does not set RequestMetrics.first_scheduled_time yet")
 def test_queue_and_prefill_histograms_move(server: Server) -> None:
     before = metric_samples(server)
     server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2)

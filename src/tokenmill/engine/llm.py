@@ -70,11 +70,8 @@ class LLM:
         add_generation_prompt: bool = True,
         **chat_template_kwargs: Any,
     ) -> list[RequestOutput]:
-        conversations: list[Messages]
-        if messages and isinstance(messages[0], dict):
-            conversations = [messages]  # type: ignore[list-item]
-        else:
-            conversations = list(messages)  # type: ignore[arg-type]
+        single = bool(messages) and isinstance(messages[0], dict)
+        conversations: list[Messages] = [messages] if single else list(messages)  # type: ignore[list-item, arg-type]
         prompts: list[PromptType] = []
         for conversation in conversations:
             text = self.tokenizer.apply_chat_template(

@@ -156,6 +156,8 @@ class OutputProcessor:
                 self._collect_prompt_logprobs(parent, child, output.new_prompt_logprobs)
             if child.index == 0:
                 parent.num_cached_tokens = max(parent.num_cached_tokens, output.num_cached_tokens)
+            if parent.metrics.first_scheduled_time is None:
+                parent.metrics.first_scheduled_time = output.first_scheduled_time
             completion = self._advance(child, output)
             if completion is None:
                 continue

@@ -39,6 +39,8 @@ class EngineCoreOutput:
     # The stop token id that ended the request, if any.
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # Monotonic time the scheduler first gave the request compute (queue time ends).
+    first_scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -331,6 +331,7 @@ class Scheduler:
                         finish_reason=request.finish_reason,
                         stop_reason=request.stop_reason,
                         num_cached_tokens=request.num_cached_tokens,
+                        first_scheduled_time=request.first_scheduled_time,
                     )
                 )
             if request.is_finished:

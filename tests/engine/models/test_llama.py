@@ -91,7 +91,7 @@ def test_load_weights_rejects_missing_and_unused_tensors() -> None:
     hf, ours = _pair("llama")
     weights = dict(hf.state_dict())
     del weights["model.layers.1.mlp.down_proj.weight"]
-    with pytest.raises(ValueError, match="missing tensor 'model.layers.1.mlp.down_proj.weight'"):
+    with pytest.raises(ValueError, match=r"missing tensor 'model\.layers\.1\.mlp\.down_proj\.weight'"):
         ours.load_weights(weights)
     weights = dict(hf.state_dict())
     weights["model.layers.9.extra.weight"] = torch.zeros(1)

@@ -12,7 +12,7 @@ flattened into one [T, hidden] batch.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +71,7 @@ class DecoderLayer(torch.nn.Module):
         num_tokens = x.shape[0]
         nh, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(self.input_layernorm(x)).view(num_tokens, nh + 2 * kvh, hd)
-        qk = rope.apply(qkv[:, : nh + kvh], cos, sin)  # q and k heads rotated together
+        qk = rope.rotate(qkv[:, : nh + kvh], cos, sin)  # q and k heads rotated together
         q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + kvh :]
         attn = attention(self.index, q, k, v)  # [T, nh, hd]
         x = x + self.o_proj(attn.reshape(num_tokens, nh * hd))
@@ -88,10 +88,9 @@ class LlamaForCausalLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope = RotaryEmbedding(config, max_positions)
+        self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.lm_head = None
-        else:
-            self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
@@ -105,8 +104,7 @@ class LlamaForCausalLM(torch.nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden] -> float32 logits [R, vocab]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.lm_head(hidden).float()
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy HF-named tensors in, fusing q|k|v and gate|up. Every tensor must be used."""
@@ -120,11 +118,12 @@ class LlamaForCausalLM(torch.nn.Module):
         with torch.no_grad():
             self.embed_tokens.weight.copy_(take("model.embed_tokens.weight"))
             self.norm.weight.copy_(take("model.norm.weight"))
-            if self.lm_head is not None:
+            if not self.config.tie_word_embeddings:
                 self.lm_head.weight.copy_(take("lm_head.weight"))
             else:
                 remaining.pop("lm_head.weight", None)  # tied checkpoints may still ship it
-            for i, layer in enumerate(self.layers):
+            for i, module in enumerate(self.layers):
+                layer = cast(DecoderLayer, module)
                 p = f"model.layers.{i}."
                 layer.input_layernorm.weight.copy_(take(p + "input_layernorm.weight"))
                 layer.post_attention_layernorm.weight.copy_(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from tokenmill.engine.config import ModelConfig
 from tokenmill.engine.models.llama import LlamaForCausalLM
 
@@ -15,7 +13,7 @@ _ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
 }
 
 
-def build_model(config: ModelConfig, max_positions: int) -> torch.nn.Module:
+def build_model(config: ModelConfig, max_positions: int) -> LlamaForCausalLM:
     try:
         cls = _ARCHITECTURES[config.architecture.lower()]
     except KeyError:

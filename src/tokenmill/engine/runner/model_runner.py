@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from tokenmill.engine.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
-from tokenmill.engine.models.llama import causal_attention
+from tokenmill.engine.models.layers.linear import can_prepack, prepack_linears
+from tokenmill.engine.models.llama import Attention, LlamaForCausalLM, causal_attention
 from tokenmill.engine.models.registry import build_model
 from tokenmill.engine.runner.attention import AttentionMetadata, PagedAttention
 from tokenmill.engine.runner.input_batch import InputBatch
@@ -70,6 +71,7 @@ class ModelRunner:
         self.model_config = model_config
         self.block_size = cache_config.block_size
         self.max_model_len = scheduler_config.max_model_len
+        self.max_num_seqs = scheduler_config.max_num_seqs
         self.model = self._load_model(model_config, weights)
         self.kv_cache = KVCacheTensors.allocate(
             model_config, cache_config, self.dtype, self.device
@@ -89,13 +91,15 @@ class ModelRunner:
     def num_blocks(self) -> int:
         return self.kv_cache.num_blocks
 
-    def _load_model(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    def _load_model(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> LlamaForCausalLM:
         model = build_model(config, self.max_model_len)
         model.load_weights(weights)
         model = model.to(device=self.device, dtype=self.dtype)
         # RoPE tables stay float32 (cast per step) so positions far out stay exact.
         model.rope.float()
         model.eval()
+        if can_prepack(self.device, self.dtype):
+            prepack_linears(model, batch_hint=self.max_num_seqs)
         return model
 
     # ------------------------------------------------------------------ step
@@ -184,7 +188,7 @@ class ModelRunner:
             logits_indices=torch.from_numpy(cu[samples] - 1).to(dev),
         )
 
-    def _bind(self, metadata: AttentionMetadata):  # -> models.llama.Attention
+    def _bind(self, metadata: AttentionMetadata) -> Attention:
         kv, attention = self.kv_cache, self.attention
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

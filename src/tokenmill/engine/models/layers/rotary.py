@@ -52,9 +52,11 @@ class RotaryEmbedding(torch.nn.Module):
         inv_freq = rope_inv_freq(config)
         t = torch.arange(max_positions, dtype=torch.float64)
         freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
-        self.half = config.head_dim // 2
+        self.half_dim = config.head_dim // 2
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token cos/sin [T, 1, head_dim // 2], gathered once per step for all layers."""
@@ -63,7 +65,7 @@ class RotaryEmbedding(torch.nn.Module):
             self.sin.index_select(0, positions).to(dtype).unsqueeze(1),
         )
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: [T, heads, head_dim] (q and k heads side by side); rotate_half layout.
-        x1, x2 = x[..., : self.half], x[..., self.half :]
+        x1, x2 = x[..., : self.half_dim], x[..., self.half_dim :]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
