@@ -154,10 +154,25 @@ class Bench:
         return result
 
     async def choose_prompt_mode(self, client: httpx.AsyncClient, prompts: list[list[int]]) -> None:
-        """Probe token-id prompts with a 1-token request; fall back to text if rejected."""
+        """Probe token-id prompts with a 1-token request; fall back to text if rejected (4xx).
+
+        While the server is still starting (connection refused, 5xx such as 503 "loading"),
+        the probe is retried for up to --ready-timeout seconds.
+        """
         body = self.body(prompts[0]) | {"max_tokens": 1, "stream": False}
         body.pop("stream_options")
-        response = await client.post(self.url + "/completions", json=body)
+        deadline = time.monotonic() + self.args.ready_timeout
+        while True:
+            try:
+                response = await client.post(self.url + "/completions", json=body)
+                if response.status_code == 200 or 400 <= response.status_code < 500:
+                    break
+                reason = f"HTTP {response.status_code}: {response.text[:200]}"
+            except httpx.TransportError as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > deadline:
+                raise SystemExit(f"server not ready after {self.args.ready_timeout:.0f} s: {reason}")
+            await asyncio.sleep(1.0)
         if response.status_code == 200:
             return
         print(f"token-id prompts rejected ({response.status_code}: {response.text[:200]}); using text", file=sys.stderr)
@@ -300,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-warmups", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--request-timeout", type=float, default=1800.0, help="seconds per request")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the server to serve")
     parser.add_argument("--out", default=None, help="write the JSON report here")
     args = parser.parse_args(argv)
     if min(args.input_len, args.output_len, args.concurrency, args.num_prompts) < 1 or args.num_warmups < 0:

@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from tokenmill.engine.config import ModelConfig
+from tokenmill.engine.models.layers.fused import TorchLayerOps, select_layer_ops
 from tokenmill.engine.models.llama import LlamaForCausalLM, causal_attention
+
+OPS = {"torch": TorchLayerOps(), "cpu-fused": select_layer_ops(torch.device("cpu"), torch.float32)}
 
 transformers = pytest.importorskip("transformers")
 
 
-def _pair(arch: str, rope_scaling: dict | None = None, tie: bool = True):
+def _pair(arch: str, rope_scaling: dict | None = None, tie: bool = True, ops=None):
     torch.manual_seed(0)
     common = dict(
         vocab_size=97,
@@ -52,7 +55,7 @@ def _pair(arch: str, rope_scaling: dict | None = None, tie: bool = True):
         attention_bias=arch == "qwen2",
         architecture=arch,
     )
-    ours = LlamaForCausalLM(config, max_positions=256)
+    ours = LlamaForCausalLM(config, max_positions=256, ops=ops)
     ours.load_weights({k: v.detach().clone() for k, v in hf.state_dict().items()})
     return hf, ours
 
@@ -77,8 +80,9 @@ def _pair(arch: str, rope_scaling: dict | None = None, tie: bool = True):
         ("llama", {"rope_type": "linear", "factor": 2.0}, True),
     ],
 )
-def test_logits_equal_transformers(arch: str, rope_scaling: dict | None, tie: bool) -> None:
-    hf, ours = _pair(arch, rope_scaling, tie)
+@pytest.mark.parametrize("ops", sorted(OPS))
+def test_logits_equal_transformers(arch: str, rope_scaling: dict | None, tie: bool, ops: str) -> None:
+    hf, ours = _pair(arch, rope_scaling, tie, OPS[ops])
     ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]

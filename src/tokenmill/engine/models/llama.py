@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.engine.config import ModelConfig
+from tokenmill.engine.models.layers.fused import LayerOps, TorchLayerOps
 from tokenmill.engine.models.layers.norm import RMSNorm
 from tokenmill.engine.models.layers.rotary import RotaryEmbedding
 
@@ -40,9 +41,10 @@ def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 class DecoderLayer(torch.nn.Module):
-    def __init__(self, config: ModelConfig, index: int) -> None:
+    def __init__(self, config: ModelConfig, index: int, ops: LayerOps) -> None:
         super().__init__()
         self.index = index
+        self.ops = ops
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -57,35 +59,43 @@ class DecoderLayer(torch.nn.Module):
             config.hidden_size, 2 * config.intermediate_size, bias=False
         )
         self.down_proj = torch.nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.intermediate_size = config.intermediate_size
 
     def forward(
         self,
         x: torch.Tensor,
-        rope: RotaryEmbedding,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: Attention,
-    ) -> torch.Tensor:
-        # x: [T, hidden]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's output [T, hidden] (or the embeddings, with residual None);
+        returns (this layer's output, the residual stream), the add deferred to the next norm."""
+        ops, norm1, norm2 = self.ops, self.input_layernorm, self.post_attention_layernorm
         num_tokens = x.shape[0]
         nh, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(self.input_layernorm(x)).view(num_tokens, nh + 2 * kvh, hd)
-        qk = rope.rotate(qkv[:, : nh + kvh], cos, sin)  # q and k heads rotated together
-        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + kvh :]
+        if residual is None:
+            residual, h = x, ops.rms_norm(x, norm1.weight, norm1.eps)
+        else:
+            ops.add_rms_norm_(x, residual, norm1.weight, norm1.eps)  # residual += x; x = norm
+            h = x
+        qkv = self.qkv_proj(h).view(num_tokens, nh + 2 * kvh, hd)
+        ops.rotary_(qkv, cos, sin, nh + kvh)  # q and k heads, in place
+        q, k, v = qkv[:, :nh], qkv[:, nh : nh + kvh], qkv[:, nh + kvh :]
         attn = attention(self.index, q, k, v)  # [T, nh, hd]
-        x = x + self.o_proj(attn.reshape(num_tokens, nh * hd))
-        gate_up = self.gate_up_proj(self.post_attention_layernorm(x))
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        h = self.o_proj(attn.reshape(num_tokens, nh * hd))
+        ops.add_rms_norm_(h, residual, norm2.weight, norm2.eps)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h))), residual
 
 
 class LlamaForCausalLM(torch.nn.Module):
-    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+    def __init__(self, config: ModelConfig, max_positions: int, ops: LayerOps | None = None) -> None:
         super().__init__()
         self.config = config
+        self.ops: LayerOps = ops or TorchLayerOps()
         self.embed_tokens = torch.nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = torch.nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.layers = torch.nn.ModuleList(
+            DecoderLayer(config, i, self.ops) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope = RotaryEmbedding(config, max_positions)
         self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -97,10 +107,13 @@ class LlamaForCausalLM(torch.nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden] (normed)."""
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        cos, sin = self.rope.cos_sin(positions)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            x = layer(x, self.rope, cos, sin, attention)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, attention)
+        assert residual is not None
+        self.ops.add_rms_norm_(x, residual, self.norm.weight, self.norm.eps)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, hidden] -> float32 logits [R, vocab]."""

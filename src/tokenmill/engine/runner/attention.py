@@ -25,24 +25,20 @@ measures where that pays (see DEFAULT_DENSE_PREFILL_MIN_LEN).
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import hashlib
 import logging
 import math
-import os
-import platform
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
+from tokenmill.engine.cpu_extension import CSRC, build_extension
+
 logger = logging.getLogger(__name__)
 
-_CSRC = Path(__file__).resolve().parent.parent / "csrc" / "paged_attention.cpp"
-_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
+_CSRC = CSRC / "paged_attention.cpp"
 
 # Fresh prompts this long or longer go to SDPA on contiguous K/V instead of the kernel;
 # None keeps every request on the kernel. Measured by benchmarks/attention_kernel.py:
@@ -51,56 +47,14 @@ _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
 DEFAULT_DENSE_PREFILL_MIN_LEN: int | None = None
 
 
-def extension_dir() -> Path:
-    """Where JIT-built extensions live: $TOKENMILL_HOME/torch_extensions."""
-    home = Path(os.environ.get("TOKENMILL_HOME", "~/.cache/tokenmill")).expanduser()
-    return home / "torch_extensions"
-
-
 @functools.cache
 def load_cpu_kernel() -> ModuleType | None:
-    """Build (once per source + flags + CPU) and import the C++ kernel; None if it fails.
-
-    The build directory is keyed by a digest of the source, the flags and the CPU model, so
-    a changed source or a different machine sharing the home gets its own build, and an
-    unchanged one is only re-linked by ninja if at all.
-    """
+    """Build (once per source + flags + CPU) and import the C++ kernel; None if it fails."""
     try:
-        from torch.utils.cpp_extension import load
-
-        digest = hashlib.sha256(
-            _CSRC.read_bytes() + " ".join(_CFLAGS).encode() + _cpu_fingerprint().encode()
-        ).hexdigest()[:16]
-        build_dir = extension_dir() / f"paged_attention_{digest}"
-        build_dir.mkdir(parents=True, exist_ok=True)
-        # torch's own build lock is a plain file that a killed build leaves behind, after
-        # which every later start waits on it forever. Serialize builds with a kernel-held
-        # flock instead (released when its holder dies) and clear the stale file under it.
-        with open(build_dir / ".tokenmill.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            (build_dir / "lock").unlink(missing_ok=True)
-            return load(
-                name=f"tokenmill_paged_attention_{digest}",
-                sources=[str(_CSRC)],
-                extra_cflags=list(_CFLAGS),
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(build_dir),
-                verbose=False,
-            )
+        return build_extension(_CSRC)
     except Exception as exc:  # any build/import failure means "use the fallback"
         logger.warning("paged attention C++ kernel unavailable, using the torch fallback: %s", exc)
         return None
-
-
-def _cpu_fingerprint() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return platform.machine() + line
-    except OSError:
-        pass
-    return platform.machine() + platform.processor()
 
 
 @dataclass

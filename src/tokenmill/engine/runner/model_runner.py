@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from tokenmill.engine.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
+from tokenmill.engine.models.layers.fused import select_layer_ops
 from tokenmill.engine.models.layers.linear import can_prepack, prepack_linears
 from tokenmill.engine.models.llama import Attention, LlamaForCausalLM, causal_attention
 from tokenmill.engine.models.registry import build_model
@@ -92,7 +93,7 @@ class ModelRunner:
         return self.kv_cache.num_blocks
 
     def _load_model(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> LlamaForCausalLM:
-        model = build_model(config, self.max_model_len)
+        model = build_model(config, self.max_model_len, select_layer_ops(self.device, self.dtype))
         model.load_weights(weights)
         model = model.to(device=self.device, dtype=self.dtype)
         # RoPE tables stay float32 (cast per step) so positions far out stay exact.

@@ -1,8 +1,8 @@
 """Rotary position embeddings (RoPE), HF "rotate_half" layout, with llama3 / linear scaling.
 
 cos/sin are precomputed once for every position up to max_position_embeddings and gathered
-by position each step, so a step costs one index and a few elementwise ops for q and k
-together.
+by position each step; the rotation itself is a fused layer op (layers/fused.py) applied to
+q and k heads together, in place in the qkv projection's output.
 """
 
 from __future__ import annotations
@@ -58,14 +58,6 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
         self.half_dim = config.head_dim // 2
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token cos/sin [T, 1, head_dim // 2], gathered once per step for all layers."""
-        return (
-            self.cos.index_select(0, positions).to(dtype).unsqueeze(1),
-            self.sin.index_select(0, positions).to(dtype).unsqueeze(1),
-        )
-
-    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [T, heads, head_dim] (q and k heads side by side); rotate_half layout.
-        x1, x2 = x[..., : self.half_dim], x[..., self.half_dim :]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token float32 cos/sin [T, head_dim // 2], gathered once per step for all layers."""
+        return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
