@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from types import ModuleType
 from typing import Protocol
 
 import torch
@@ -67,7 +68,7 @@ class TorchLayerOps:
 class CpuLayerOps:
     """The C++ kernels of csrc/fused_ops.cpp (float32 and bfloat16 on the CPU)."""
 
-    def __init__(self, module) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, module: ModuleType) -> None:
         self._m = module
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
