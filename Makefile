@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
-	$(BIN)/python -c "from tokenmill.engine.runner.attention import load_cpu_kernel; load_cpu_kernel()"
+	$(BIN)/python -c "import torch; from tokenmill.engine.runner.attention import load_cpu_kernel; from tokenmill.engine.models.layers.fused import select_layer_ops; load_cpu_kernel(); select_layer_ops(torch.device('cpu'), torch.float32)"
 	touch $(STAMP)
 
 serve: install

@@ -37,6 +37,8 @@ VOCAB_SIZE = 257
 class FakeTokenizer:
     vocab_size = VOCAB_SIZE
     eos_token_ids = (EOS,)
+    # Ids >= 256 decode to nothing unless special tokens are kept.
+    special_token_ids = frozenset(range(256, VOCAB_SIZE))
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(text.encode("utf-8"))

@@ -28,8 +28,13 @@ from tokenmill.server.responses import ChatTokenLogprob, CompletionLogprobs, Top
 
 
 class LogprobFormatter:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    """Logprobs in OpenAI's shapes. Generated special tokens (EOS, <|im_end|>) are left out
+    when the request skips special tokens, as their text is: the tokens listed always
+    concatenate to the returned text, and no stop token ever shows."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._hidden = tokenizer.special_token_ids if skip_special_tokens else frozenset()
 
     def token_text(self, token_id: int, logprob: Logprob | None = None) -> str:
         if logprob is not None and logprob.decoded_token is not None:
@@ -49,6 +54,8 @@ class LogprobFormatter:
     ) -> list[ChatTokenLogprob]:
         entries = []
         for token_id, position in zip(token_ids, positions, strict=True):
+            if token_id in self._hidden:
+                continue
             chosen = position.get(token_id)
             text = self.token_text(token_id, chosen)
             top = [
@@ -72,11 +79,17 @@ class LogprobFormatter:
         positions: Sequence[PositionLogprobs | None],
         k: int,
         text_offset: int,
+        *,
+        generated: bool = True,
     ) -> CompletionLogprobs:
-        """`text_offset` is where the first of these tokens starts in the choice's text."""
+        """`text_offset` is where the first of these tokens starts in the choice's text;
+        `generated` False for echoed prompt tokens (their special tokens stay in the text)."""
         out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
         offset = text_offset
+        hidden = self._hidden if generated else frozenset()
         for token_id, position in zip(token_ids, positions, strict=True):
+            if token_id in hidden:
+                continue
             chosen = position.get(token_id) if position is not None else None
             text = self.token_text(token_id, chosen)
             out.tokens.append(text)

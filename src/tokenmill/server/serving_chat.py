@@ -66,7 +66,7 @@ async def create_chat_completion(request: Request) -> Response:
     chunk_base = ChatCompletionChunk(
         id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.settings.served_model_name, choices=[]
     )
-    formatter = LogprobFormatter(engine.tokenizer)
+    formatter = LogprobFormatter(engine.tokenizer, body.skip_special_tokens)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = _stream(generation, chunk_base, formatter, num_top, include_usage)
@@ -142,7 +142,7 @@ async def _stream(
                 logprobs = None
                 if num_top is not None and sample.logprobs:
                     content = formatter.chat(sample.token_ids, sample.logprobs, num_top)
-                    logprobs = ChatChoiceLogprobs(content=content)
+                    logprobs = ChatChoiceLogprobs(content=content) if content else None
                 if sample.text or logprobs is not None:
                     delta = {"content": sample.text}
                     yield chunk(ChatStreamChoice(index=sample.index, delta=delta, logprobs=logprobs))

@@ -109,7 +109,7 @@ async def create_completion(request: Request) -> Response:
     base = CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.settings.served_model_name, choices=[]
     )
-    formatter = LogprobFormatter(engine.tokenizer)
+    formatter = LogprobFormatter(engine.tokenizer, body.skip_special_tokens)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = _stream(generation, prompts, base, formatter, body.echo, num_top, include_usage)
@@ -159,7 +159,7 @@ def _logprobs(
         return formatter.completion(token_ids, positions, num_top, generated_offset)
     if prompt_positions is None or len(prompt_positions) != len(prompt_ids):
         prompt_positions = [None] * len(prompt_ids)
-    head = formatter.completion(prompt_ids, prompt_positions, num_top, 0)
+    head = formatter.completion(prompt_ids, prompt_positions, num_top, 0, generated=False)
     tail = formatter.completion(token_ids, positions, num_top, generated_offset)
     return CompletionLogprobs(
         tokens=head.tokens + tail.tokens,
