@@ -31,7 +31,7 @@ from tokenmill.engine.loader.tokenizer import Tokenizer
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.engine.protocol import EngineHealth
-from tokenmill.engine.request import Request, SamplingParams
+from tokenmill.engine.request import SamplingParams
 from tokenmill.engine.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -261,21 +261,14 @@ class AsyncEngine:
     ) -> None:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        children = self._processor.add_request(request_id, text, token_ids, params)
+        samples = self._processor.add_request(request_id, text, token_ids, params)
         try:
-            for child_id, child_params in children:
-                self.core.add_request(
-                    Request(
-                        child_id,
-                        token_ids,
-                        child_params,
-                        eos_token_ids=self.tokenizer.eos_token_ids,
-                        priority=priority,
-                        cache_salt=cache_salt,
-                    )
-                )
+            self.core.add_samples(
+                samples, token_ids, eos_token_ids=self.tokenizer.eos_token_ids,
+                priority=priority, cache_salt=cache_salt,
+            )
         except Exception:
-            self.core.abort_requests(self._processor.abort(request_id))
+            self._processor.abort(request_id)
             raise
 
     def _abort(self, request_id: str, error: BaseException | None = None) -> None:

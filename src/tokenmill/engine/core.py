@@ -15,7 +15,7 @@ import torch
 
 from tokenmill.engine.config import EngineConfig
 from tokenmill.engine.outputs import EngineCoreOutput
-from tokenmill.engine.request import Request, RequestStatus
+from tokenmill.engine.request import Request, RequestStatus, SamplingParams
 from tokenmill.engine.runner.model_runner import ModelRunner
 from tokenmill.engine.scheduler import Scheduler
 from tokenmill.engine.stats import SchedulerStats
@@ -50,6 +50,28 @@ class EngineCore:
             if any(t >= vocab for t in ids):
                 raise ValueError(f"{name} holds token ids outside the vocabulary [0, {vocab})")
         self.scheduler.add_request(request)
+
+    def add_samples(
+        self,
+        samples: list[tuple[str, SamplingParams]],
+        prompt_token_ids: list[int],
+        *,
+        eos_token_ids: tuple[int, ...],
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Queue the samples of one prompt (n > 1 fans out into several); all or none."""
+        added: list[str] = []
+        try:
+            for req_id, params in samples:
+                self.add_request(
+                    Request(req_id, prompt_token_ids, params, eos_token_ids=eos_token_ids,
+                            priority=priority, cache_salt=cache_salt)
+                )
+                added.append(req_id)
+        except Exception:
+            self.abort_requests(added)
+            raise
 
     def check_token_ids(self, token_ids: list[int]) -> None:
         if not token_ids:

@@ -20,7 +20,7 @@ from tokenmill.engine.engine_args import DEFAULT_MODEL, EngineArgs
 from tokenmill.engine.loader.tokenizer import Tokenizer
 from tokenmill.engine.output_processor import OutputProcessor, RequestOutputAccumulator
 from tokenmill.engine.outputs import RequestOutput
-from tokenmill.engine.request import Request, SamplingParams
+from tokenmill.engine.request import SamplingParams
 
 PromptType = str | dict[str, Any]
 Messages = list[dict[str, Any]]
@@ -83,21 +83,14 @@ class LLM:
     def _add(self, prompt: PromptType, params: SamplingParams, priority: int, cache_salt: str | None) -> str:
         text, token_ids = self._tokenize(prompt)
         request_id = str(next(self._ids))
-        children = self.processor.add_request(request_id, text, token_ids, params)
+        samples = self.processor.add_request(request_id, text, token_ids, params)
         try:
-            for child_id, child_params in children:
-                self.engine.add_request(
-                    Request(
-                        child_id,
-                        token_ids,
-                        child_params,
-                        eos_token_ids=self.tokenizer.eos_token_ids,
-                        priority=priority,
-                        cache_salt=cache_salt,
-                    )
-                )
+            self.engine.add_samples(
+                samples, token_ids, eos_token_ids=self.tokenizer.eos_token_ids,
+                priority=priority, cache_salt=cache_salt,
+            )
         except Exception:
-            self.engine.abort_requests(self.processor.abort(request_id))
+            self.processor.abort(request_id)
             raise
         return request_id
 
