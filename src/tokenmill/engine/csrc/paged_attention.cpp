@@ -401,6 +401,19 @@ void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v
       krow[t] = k_cache + off;
       vrow[t] = v_cache + off;
     }
+    // Prefetch the next chunk's K/V rows: its block is anywhere in the cache, so the
+    // hardware prefetcher loses the stream at every block boundary.
+    for (int t = 0, pn = c0 + kLanes; t < kLanes && pn + t <= pos_last; ++t) {
+      const int p = pn + t;
+      const int64_t off = int64_t(bt[p >> pb.block_shift]) * pb.cache_stride_block + head_off +
+                          int64_t(p & (pb.block_size - 1)) * hd;
+      const char* kp = reinterpret_cast<const char*>(k_cache + off);
+      const char* vp = reinterpret_cast<const char*>(v_cache + off);
+      for (int b = 0; b < hd * int(sizeof(T)); b += 64) {
+        __builtin_prefetch(kp + b);
+        __builtin_prefetch(vp + b);
+      }
+    }
     // Rows of a partial chunk past n_tok repeat a real row: finite values, masked below.
     for (int t = n_tok; t < kLanes; ++t) krow[t] = krow[0];
     // Stage K: transposed (Kt[d][t]) for the outer-product microkernel, or as fp32 rows for
