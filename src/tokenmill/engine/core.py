@@ -10,23 +10,48 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.loader.tokenizer import Tokenizer
+from tokenmill.engine.logits.registry import registered_processors
 from tokenmill.engine.outputs import EngineCoreOutput
 from tokenmill.engine.request import Request, RequestStatus, SamplingParams
 from tokenmill.engine.runner.model_runner import ModelRunner
 from tokenmill.engine.scheduler import Scheduler
 from tokenmill.engine.stats import SchedulerStats
+from tokenmill.engine.structured_output.compiler import GrammarCompiler
+from tokenmill.engine.structured_output.llguidance_backend import LlguidanceBackend
 
 logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        weights: dict[str, torch.Tensor],
+        tokenizer: Tokenizer | None = None,
+        logits_processors: dict[str, type[Any]] | None = None,
+    ) -> None:
+        """`tokenizer` enables structured outputs (grammars are compiled against its
+        vocabulary); `logits_processors` (name -> class) defaults to the installed
+        `tokenmill.logits_processors` entry points."""
         self.config = config
-        self.runner = ModelRunner(config.model, weights, config.cache, config.scheduler, config.device)
+        self.grammar_compiler: GrammarCompiler | None = None
+        if tokenizer is not None:
+            backend = LlguidanceBackend(
+                tokenizer.backend.to_str(), config.model.vocab_size, tokenizer.eos_token_ids
+            )
+            self.grammar_compiler = GrammarCompiler(backend)
+        if logits_processors is None:
+            logits_processors = registered_processors()
+        self.runner = ModelRunner(
+            config.model, weights, config.cache, config.scheduler, config.device,
+            logits_processors=logits_processors, grammar_compiler=self.grammar_compiler,
+        )
         self.runner.warm_up()
         capacity = self.runner.num_blocks * config.cache.block_size
         if capacity < config.scheduler.max_model_len:
@@ -49,6 +74,11 @@ class EngineCore:
         for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or {})):
             if any(t >= vocab for t in ids):
                 raise ValueError(f"{name} holds token ids outside the vocabulary [0, {vocab})")
+        self.runner.processors.validate(params)
+        if params.structured_outputs is not None:
+            assert self.grammar_compiler is not None  # validate() refuses it otherwise
+            # A cache hit when the caller compiled it off this thread (AsyncEngine does).
+            self.grammar_compiler.compile(params.structured_outputs)
         self.scheduler.add_request(request)
 
     def add_samples(

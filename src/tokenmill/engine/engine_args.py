@@ -70,7 +70,7 @@ class EngineArgs:
             ),
             device=DeviceConfig(device=self.device, dtype=self.dtype, num_threads=self.num_threads),
         )
-        engine = EngineCore(config, checkpoint.weights)
+        engine = EngineCore(config, checkpoint.weights, checkpoint.tokenizer)
         logger.info(
             "engine ready: %s, dtype %s, %d KV blocks of %d tokens",
             path, engine.runner.dtype, engine.runner.num_blocks, self.block_size,

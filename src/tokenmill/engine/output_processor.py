@@ -180,9 +180,13 @@ class OutputProcessor:
         """Feed one child's new tokens through detokenizer and stop checker."""
         params, checker = child.params, child.stop_checker
         new_ids = output.new_token_ids
-        # A stop token ends the request as the last new token; it adds no text by default.
-        ends_with_stop_token = output.finish_reason is FinishReason.STOP and not isinstance(
-            output.stop_reason, str
+        # A stop token (EOS, or one of stop_token_ids: then it is the stop_reason) ends the
+        # request as the last new token and adds no text by default. A request stopped by
+        # its grammar's end ends on a content token.
+        ends_with_stop_token = (
+            output.finish_reason is FinishReason.STOP
+            and not isinstance(output.stop_reason, str)
+            and not output.grammar_ended
         )
         token_ids: list[int] = []
         logprobs: list[PositionLogprobs] = []

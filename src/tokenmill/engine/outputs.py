@@ -38,6 +38,9 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     # The stop token id that ended the request, if any.
     stop_reason: int | str | None = None
+    # Stopped because the output completed its structured-output grammar: the last new
+    # token is content, not a stop token.
+    grammar_ended: bool = False
     num_cached_tokens: int = 0
     # Monotonic time the scheduler first gave the request compute (queue time ends).
     first_scheduled_time: float | None = None

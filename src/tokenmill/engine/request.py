@@ -12,6 +12,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from tokenmill.engine.logits.processor import LogitsProcessorSpec
+from tokenmill.engine.structured_output.spec import StructuredOutputsParams
+
 
 class FinishReason(enum.Enum):
     """Why a request ended, as the API reports it."""
@@ -91,6 +94,10 @@ class SamplingParams:
     # token id -> bias added to its logit before sampling.
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    # The output must match this (a JSON schema, regex, choice or grammar); None: free text.
+    structured_outputs: StructuredOutputsParams | None = None
+    # Batch logits processors this request enables, by registered name with arguments.
+    logits_processors: list[LogitsProcessorSpec] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -123,6 +130,17 @@ class SamplingParams:
             for tok, bias in self.logit_bias.items():
                 _check(isinstance(tok, int) and tok >= 0, "logit_bias keys must be token ids", tok)
                 _check(-100.0 <= bias <= 100.0, "logit_bias values must be in [-100, 100]", bias)
+        self.logits_processors = [
+            spec if isinstance(spec, LogitsProcessorSpec) else LogitsProcessorSpec(spec)
+            for spec in self.logits_processors or []
+        ]
+        if self.structured_outputs is not None and (self.stop or self.stop_token_ids):
+            # A stop sequence could cut the constrained output mid-structure and report it
+            # as a clean "stop": refused rather than returned invalid.
+            raise ValueError(
+                "stop and stop_token_ids cannot be combined with structured outputs "
+                "(a stop sequence could cut the constrained output mid-structure)"
+            )
 
     @property
     def greedy(self) -> bool:

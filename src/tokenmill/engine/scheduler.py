@@ -306,6 +306,7 @@ class Scheduler:
             request.num_computed_tokens += num_scheduled
             new_token_ids: list[int] = []
             new_logprobs: list[PositionLogprobs] | None = None
+            grammar_ended = False
             row = rows.get(req_id)
             caught_up = request.num_computed_tokens == request.num_tokens
             assert caught_up == (row is not None), (
@@ -317,7 +318,13 @@ class Scheduler:
                 k = request.sampling_params.logprobs
                 if k is not None:
                     new_logprobs = [sampled_logprobs.position(row, k)]
-                self._check_stop(request)
+                if req_id in runner_output.stopped_req_ids:
+                    request.status = RequestStatus.FINISHED_STOPPED  # its grammar ended
+                    grammar_ended = new_token_ids[0] not in request.eos_token_ids
+                elif req_id in runner_output.failed_req_ids:
+                    request.status = RequestStatus.FINISHED_ABORTED
+                else:
+                    self._check_stop(request)
             prompt_logprobs = self._take_prompt_logprobs(
                 request, start, runner_output.prompt_logprobs.get(req_id)
             )
@@ -330,6 +337,7 @@ class Scheduler:
                         new_prompt_logprobs=prompt_logprobs,
                         finish_reason=request.finish_reason,
                         stop_reason=request.stop_reason,
+                        grammar_ended=grammar_ended,
                         num_cached_tokens=request.num_cached_tokens,
                         first_scheduled_time=request.first_scheduled_time,
                     )

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from tokenmill.engine.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
+from tokenmill.engine.logits.pipeline import LogitsProcessorPipeline
+from tokenmill.engine.logits.processor import ProcessorContext
 from tokenmill.engine.models.layers.fused import select_layer_ops
 from tokenmill.engine.models.layers.linear import can_prepack, prepack_linears
 from tokenmill.engine.models.llama import Attention, LlamaForCausalLM, causal_attention
@@ -32,6 +35,8 @@ from tokenmill.engine.runner.kv_cache_tensors import KVCacheTensors
 from tokenmill.engine.runner.output import ModelRunnerOutput
 from tokenmill.engine.runner.sampling_batch import SamplingBatch
 from tokenmill.engine.scheduler_output import SchedulerOutput
+from tokenmill.engine.structured_output.compiler import GrammarCompiler
+from tokenmill.engine.structured_output.processor import StructuredOutputProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,8 @@ class ModelRunner:
         cache_config: CacheConfig,
         scheduler_config: SchedulerConfig,
         device_config: DeviceConfig,
+        logits_processors: dict[str, type[Any]] | None = None,
+        grammar_compiler: GrammarCompiler | None = None,
     ) -> None:
         if device_config.num_threads is not None:
             torch.set_num_threads(device_config.num_threads)
@@ -85,6 +92,13 @@ class ModelRunner:
             scheduler_config.max_num_seqs, model_config.vocab_size, self.device
         )
         self.eos_token_ids = model_config.eos_token_ids
+        context = ProcessorContext(model_config.vocab_size, self.device, tuple(self.eos_token_ids))
+        self.processors = LogitsProcessorPipeline(
+            {name: cls(context) for name, cls in (logits_processors or {}).items()},
+            context,
+            self._history,
+            StructuredOutputProcessor(context, grammar_compiler) if grammar_compiler else None,
+        )
         # req_id -> top-k of the prompt logprobs it asked for (only while its prompt runs).
         self.prompt_logprobs_k: dict[str, int] = {}
 
@@ -116,18 +130,25 @@ class ModelRunner:
         output = ModelRunnerOutput(req_ids=sample_ids)
         if sample_ids:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            tokens, logprobs = self.sampling.sample(logits, sample_ids)
+            processors = self.processors
+            process = (lambda x: processors.apply(x, sample_ids)) if processors.active else None
+            tokens, logprobs = self.sampling.sample(logits, sample_ids, process)
             token_list = tokens.tolist()
             self.input_batch.append_tokens(inputs.sample_rows, np.asarray(token_list, np.int32))
             self.sampling.append_tokens(sample_ids, token_list)
             output.sampled_token_ids = token_list
             output.logprobs = logprobs
+            if process is not None:
+                stopped, failed = processors.record(token_list)
+                output.stopped_req_ids.update(stopped)
+                output.failed_req_ids.update(failed)
         self._prompt_logprobs(req_ids, inputs, hidden, output)
         return output
 
     def _update_batch(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:
             self.input_batch.remove(req_id)
+            self.processors.remove(req_id)
             self.prompt_logprobs_k.pop(req_id, None)
             if req_id in self.sampling:
                 self.sampling.remove(req_id)
@@ -136,6 +157,7 @@ class ModelRunner:
             params = new.sampling_params
             if params.prompt_logprobs is not None and len(new.token_ids) == new.num_prompt_tokens:
                 self.prompt_logprobs_k[new.req_id] = params.prompt_logprobs
+            self.processors.add(new.req_id, params)
             self.sampling.add(
                 new.req_id,
                 params,
@@ -145,6 +167,10 @@ class ModelRunner:
             )
         for cached in sched.cached_reqs:
             self.input_batch.update(cached)
+
+    def _history(self, req_id: str) -> tuple[list[int], list[int]]:
+        batch = self.input_batch
+        return batch.prompt_token_ids(req_id).tolist(), batch.output_token_ids(req_id).tolist()
 
     def _prepare_inputs(self, req_ids: list[str], sched: SchedulerOutput) -> _StepInputs:
         batch = self.input_batch

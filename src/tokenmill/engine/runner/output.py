@@ -31,3 +31,7 @@ class ModelRunnerOutput:
     logprobs: LogprobsTensors | None = None
     # req_id -> logprobs of the prompt tokens computed this step (positions 1.. of the prompt).
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
+    # Requests whose grammar reached its end with this step's token (they stop, "stop"),
+    # and those whose token their grammar refused (they end as aborted).
+    stopped_req_ids: set[str] = field(default_factory=set)
+    failed_req_ids: set[str] = field(default_factory=set)

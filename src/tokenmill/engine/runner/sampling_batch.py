@@ -34,6 +34,7 @@ rows when the batch composition changed).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -221,10 +222,15 @@ class SamplingBatch:
 
     # ------------------------------------------------------------------ sampling
     def sample(
-        self, logits: torch.Tensor, req_ids: list[str]
+        self,
+        logits: torch.Tensor,
+        req_ids: list[str],
+        processors: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, LogprobsTensors | None]:
         """Sample one token per row. `logits` [n, vocab] (row i is req_ids[i]) is consumed:
-        it may be modified in place.
+        it may be modified in place. `processors` (the batch logits processors, grammar
+        masks among them) transform the float32 logits first; logprobs are those of the
+        raw distribution, before any processing (as vLLM reports them).
 
         Returns the tokens (int64 [n]) and, when any row asked for logprobs, LogprobsTensors
         with k = the largest number asked for in this call: a row that asked for fewer (or
@@ -235,11 +241,13 @@ class SamplingBatch:
         if logits.dtype != torch.float32:
             logits = logits.float()
         view = self._step_view(req_ids)
-        if view.bare_argmax:
-            return logits.argmax(dim=-1), None
         raw_logprobs = None
         if view.max_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if processors is not None:
+            logits = processors(logits)
+        if view.bare_argmax:
+            return logits.argmax(dim=-1), None
         logits = self._process_logits(logits, view)
         if view.all_greedy:
             tokens = logits.argmax(dim=-1)

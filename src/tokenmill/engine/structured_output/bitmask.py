@@ -1,0 +1,63 @@
+"""A batch's token bitmask applied to its logits in one op.
+
+The grammar backend fills one packed row per constrained request (int32 words, bit b of
+word w = token 32 * w + b is allowed); `apply_token_bitmask_` sets every disallowed
+token's logit to -inf in the given logits rows. On the CPU a small C++ kernel does it
+(torch's bit unpacking costs ~8 ms at 64 rows x 49152 tokens, the kernel well under 1 ms);
+elsewhere, and if the kernel cannot be built, the same result in torch ops.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from types import ModuleType
+
+import torch
+
+from tokenmill.engine.cpu_extension import CSRC, build_extension
+
+logger = logging.getLogger(__name__)
+
+
+def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
+    """All-allowed packed masks for `num_rows` rows (CPU, where backends fill them)."""
+    return torch.full((num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """logits[rows[i], t] = -inf wherever bit t of bitmask[i] is 0 (in place)."""
+    # logits: [n, vocab] float32; bitmask: [m, words] int32 (CPU); rows: [m] int64 (CPU)
+    kernel = _cpu_kernel() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
+    if kernel is not None and logits.is_contiguous():
+        kernel.apply_token_bitmask_(logits, bitmask.contiguous(), rows.contiguous())
+        return
+    apply_token_bitmask_torch_(logits, bitmask, rows)
+
+
+def apply_token_bitmask_torch_(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """The reference (and non-CPU) path of apply_token_bitmask_."""
+    vocab = logits.shape[1]
+    m, words = bitmask.shape
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = (bitmask.to(logits.device).unsqueeze(-1) >> shifts) & 1  # [m, words, 32]
+    allowed = bits.view(m, words * 32).bool()
+    if words * 32 < vocab:
+        pad = torch.zeros(m, vocab - words * 32, dtype=torch.bool, device=logits.device)
+        allowed = torch.cat([allowed, pad], dim=1)
+    rows = rows.to(logits.device)
+    logits[rows] = logits[rows].masked_fill(~allowed[:, :vocab], float("-inf"))
+
+
+@functools.cache
+def _cpu_kernel() -> ModuleType | None:
+    try:
+        return build_extension(CSRC / "token_bitmask.cpp")
+    except Exception as exc:  # a build failure means "use torch"
+        logger.warning("token bitmask C++ kernel unavailable, using torch: %s", exc)
+        return None
+
+
+def load_cpu_kernel() -> ModuleType | None:
+    """Build (or find) the kernel now, as `make install` does."""
+    return _cpu_kernel()
