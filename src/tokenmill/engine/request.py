@@ -130,10 +130,7 @@ class SamplingParams:
             for tok, bias in self.logit_bias.items():
                 _check(isinstance(tok, int) and tok >= 0, "logit_bias keys must be token ids", tok)
                 _check(-100.0 <= bias <= 100.0, "logit_bias values must be in [-100, 100]", bias)
-        self.logits_processors = [
-            spec if isinstance(spec, LogitsProcessorSpec) else LogitsProcessorSpec(spec)
-            for spec in self.logits_processors or []
-        ]
+        self.logits_processors = [_processor_spec(spec) for spec in self.logits_processors or []]
         if self.structured_outputs is not None and (self.stop or self.stop_token_ids):
             # A stop sequence could cut the constrained output mid-structure and report it
             # as a clean "stop": refused rather than returned invalid.
@@ -152,6 +149,19 @@ class SamplingParams:
 
         seed = None if self.seed is None else self.seed + index
         return dataclasses.replace(self, n=1, seed=seed)
+
+
+def _processor_spec(spec: object) -> LogitsProcessorSpec:
+    """A logits processor named as a string, {"name": ..., "args": {...}} or a spec."""
+    if isinstance(spec, LogitsProcessorSpec):
+        return spec
+    if isinstance(spec, str) and spec:
+        return LogitsProcessorSpec(spec)
+    if isinstance(spec, dict) and isinstance(spec.get("name"), str) and set(spec) <= {"name", "args"}:
+        args = spec.get("args") or {}
+        _check(isinstance(args, dict), "logits processor args must be an object", args)
+        return LogitsProcessorSpec(spec["name"], dict(args))
+    raise ValueError(f'a logits processor is a name or {{"name": ..., "args": {{...}}}} (got {spec!r})')
 
 
 def _check(ok: bool, message: str, value: object) -> None:
