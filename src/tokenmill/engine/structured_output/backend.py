@@ -11,6 +11,7 @@ bitmask of every constrained row of the batch in one call.
     Matcher.is_terminated()            the grammar is complete and admits nothing more
     Matcher.rollback(k)                undo the last k accepted tokens
     GrammarBackend.fill_bitmask([(matcher, row)], bitmask)
+    GrammarBackend.accept_tokens([(matcher, token)]) -> [accepted]   the batch, one call
 """
 
 from __future__ import annotations
@@ -42,4 +43,8 @@ class GrammarBackend(Protocol):
 
     def fill_bitmask(self, matchers: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
         """Write row `row` of `bitmask` (int32 [rows, ceil(vocab / 32)], CPU) for each pair."""
+        ...
+
+    def accept_tokens(self, pairs: Sequence[tuple[Matcher, int]]) -> list[bool]:
+        """`accept_token` for each pair (one token per matcher), batched."""
         ...

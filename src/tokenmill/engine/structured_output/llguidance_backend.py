@@ -83,13 +83,23 @@ class LlguidanceBackend:
         return LlguidanceGrammar(matcher)
 
     def fill_bitmask(self, matchers: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
         pairs = [(m.inner, row) for m, row in matchers]
         if len(pairs) == 1:
             llguidance.torch.fill_next_token_bitmask(pairs[0][0], bitmask, pairs[0][1])
         else:
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+            llguidance.torch.fill_next_token_bitmask_par(self.executor, pairs, bitmask)
+
+    def accept_tokens(self, pairs: Sequence[tuple[Any, int]]) -> list[bool]:
+        if len(pairs) == 1:
+            return [pairs[0][0].accept_token(pairs[0][1])]
+        accepted = self.executor.consume_token_par([(m.inner, t) for m, t in pairs])
+        return [ok and not m.inner.is_error() for ok, (m, _) in zip(accepted, pairs, strict=True)]
+
+    @property
+    def executor(self) -> llguidance.LLExecutor:
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        return self._executor
 
 
 def _grammar_text(spec: StructuredOutputsParams) -> str:

@@ -79,13 +79,22 @@ class StructuredOutputProcessor:
         return [i for i, row in self._rows.items() if row.failed]
 
     def _catch_up(self) -> None:
-        for row in self._rows.values():
-            tokens = row.output_token_ids
-            while not row.failed and row.consumed < len(tokens):
-                token = tokens[row.consumed]
+        """Feed every matcher the tokens its row produced since; rows one token behind
+        (every decoding row, each step) go to the backend as one batch."""
+        while True:
+            pending = [r for r in self._rows.values() if not r.failed and r.consumed < len(r.output_token_ids)]
+            if not pending:
+                return
+            for row in pending:
+                if row.matcher.is_terminated():  # EOS after the grammar's end: nothing to match
+                    row.consumed = len(row.output_token_ids)
+            pending = [r for r in pending if r.consumed < len(r.output_token_ids)]
+            if not pending:
+                return
+            tokens = [r.output_token_ids[r.consumed] for r in pending]
+            accepted = self.compiler.backend.accept_tokens([(r.matcher, t) for r, t in zip(pending, tokens, strict=True)])
+            for row, token, ok in zip(pending, tokens, accepted, strict=True):
                 row.consumed += 1
-                if row.matcher.is_terminated():
-                    continue  # EOS after the grammar's end: nothing left to match
-                if not row.matcher.accept_token(token):
+                if not ok:
                     logger.error("a constrained request produced token %d its grammar refuses", token)
                     row.failed = True
