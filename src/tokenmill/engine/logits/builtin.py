@@ -25,21 +25,14 @@ class _History:
     args: dict[str, Any]
 
 
-class NoRepeatPrevious:
-    name = "no_repeat"
+class _RowHistories:
+    """Keeps, per batch index, the history and arguments of each row that enabled `name`."""
+
+    name: str
 
     def __init__(self, context: ProcessorContext) -> None:
         self.context = context
         self._rows: dict[int, _History] = {}
-
-    @classmethod
-    def validate_args(cls, args: dict[str, Any], context: ProcessorContext) -> None:
-        unknown = set(args) - {"max_tokens"}
-        if unknown:
-            raise ValueError(f"no_repeat takes only max_tokens (got {sorted(unknown)})")
-        limit = args.get("max_tokens")
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise ValueError("no_repeat max_tokens must be an integer >= 1")
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
@@ -49,6 +42,19 @@ class NoRepeatPrevious:
             args = added.args_for(self.name)
             if args is not None:
                 self._rows[added.index] = _History(added.prompt_token_ids, added.output_token_ids, args)
+
+
+class NoRepeatPrevious(_RowHistories):
+    name = "no_repeat"
+
+    @classmethod
+    def validate_args(cls, args: dict[str, Any], context: ProcessorContext) -> None:
+        unknown = set(args) - {"max_tokens"}
+        if unknown:
+            raise ValueError(f"no_repeat takes only max_tokens (got {sorted(unknown)})")
+        limit = args.get("max_tokens")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ValueError("no_repeat max_tokens must be an integer >= 1")
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         rows, previous = [], []
@@ -64,12 +70,8 @@ class NoRepeatPrevious:
         return logits
 
 
-class ForceTokens:
+class ForceTokens(_RowHistories):
     name = "force_tokens"
-
-    def __init__(self, context: ProcessorContext) -> None:
-        self.context = context
-        self._rows: dict[int, _History] = {}
 
     @classmethod
     def validate_args(cls, args: dict[str, Any], context: ProcessorContext) -> None:
@@ -80,15 +82,6 @@ class ForceTokens:
             raise ValueError("force_tokens token_ids must be non-negative integers")
         if any(t >= context.vocab_size for t in ids):
             raise ValueError(f"force_tokens token_ids must lie in the vocabulary [0, {context.vocab_size})")
-
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None:
-            return
-        self._rows = batch_update.remap(self._rows)
-        for added in batch_update.added:
-            args = added.args_for(self.name)
-            if args is not None:
-                self._rows[added.index] = _History(added.prompt_token_ids, added.output_token_ids, args)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for index, h in self._rows.items():
