@@ -3,7 +3,9 @@
 Tokens are bytes (ids 0-255) plus one special `<eos>` (256). Sample j of a request emits,
 at step i, the prompt token `prompt[(i + j) % len(prompt)]`: it echoes the prompt in a
 loop, shifted per sample, until max_tokens ("length") or a stop string ("stop", text cut
-before it). With logprobs, the chosen token is rank 1 at -0.5 and the alternatives are
+before it). With `reply` set, every sample emits that text instead, one byte per step, and
+ends "stop" after its last byte (as a grammar reaching its end state would), or "length"
+at max_tokens. With logprobs, the chosen token is rank 1 at -0.5 and the alternatives are
 the next byte values at -1.5, -2.5, ... A prompt seen before reports its leading full
 4-token blocks as cached. Every call is recorded for assertions; `paused` holds all
 requests before their next step (queued, not running); `step_delay_s` slows each step.
@@ -89,6 +91,13 @@ class FakeEngine:
     fail: str | None = None
     # None: the real step clock; a number pins last_step_time (a hung engine).
     pinned_last_step_time: float | None = None
+    # When set, the text every sample generates (see the module docstring).
+    reply: str | None = None
+    # Returned (and cleared) by drain_grammar_compile_times().
+    grammar_compile_times: list[float] = field(default_factory=list)
+    # prepare(): every params it saw, and the refusal it raises (None: accept).
+    prepared: list[SamplingParams] = field(default_factory=list)
+    refuse_prepare: str | None = None
     calls: list[Call] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
@@ -146,9 +155,14 @@ class FakeEngine:
                 for j in range(n):
                     if done[j]:
                         continue
-                    token = ids[(step + j) % len(ids)]
-                    text = self.tokenizer.decode([token])
                     finish = "length" if step + 1 >= max_tokens else None
+                    if self.reply is not None:
+                        token = self.reply.encode()[step]
+                        if step + 1 == len(self.reply.encode()):
+                            finish = "stop"
+                    else:
+                        token = ids[(step + j) % len(ids)]
+                    text = self.tokenizer.decode([token])
                     for stop in params.stop:
                         cut = (texts[j] + text).find(stop)
                         if cut >= 0:
@@ -194,6 +208,16 @@ class FakeEngine:
             self._waiting.discard(request_id)
             if not finished:
                 self.aborted.append(request_id)
+
+    def drain_grammar_compile_times(self) -> list[float]:
+        times, self.grammar_compile_times = self.grammar_compile_times, []
+        return times
+
+    async def prepare(self, sampling_params: SamplingParams) -> None:
+        """As the real engine: refuse what `refuse_prepare` says, before any stream."""
+        self.prepared.append(sampling_params)
+        if self.refuse_prepare is not None:
+            raise ValueError(self.refuse_prepare)
 
     async def abort(self, request_id: str) -> None:
         if request_id in self._running or request_id in self._waiting:

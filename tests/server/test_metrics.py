@@ -103,3 +103,48 @@ def test_success_counts_every_sample_of_n(client: TestClient, engine: FakeEngine
     samples = scrape(client)
     assert value(samples, "request_success_total", finished_reason="stop") == 2.0
     assert value(samples, "e2e_request_latency_seconds_count") == 1.0
+
+
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "tool_call")
+
+
+def test_structured_output_series_exist_before_any_request(client: TestClient) -> None:
+    samples = scrape(client)
+    for kind in STRUCTURED_KINDS:
+        assert value(samples, "structured_output_requests_total", kind=kind) == 0.0
+    assert value(samples, "structured_output_invalid_total") == 0.0
+    assert value(samples, "grammar_compile_seconds_count") == 0.0
+
+
+def test_structured_requests_are_counted_by_kind_and_bad_stops_as_invalid(
+    client: TestClient, engine: FakeEngine
+) -> None:
+    engine.max_model_len = 4096  # room for the tools block in byte tokens
+    chat = "/v1/chat/completions"
+    user = [{"role": "user", "content": "x"}]
+    engine.reply = '{"a":1}'
+    client.post(chat, json={"messages": user, "response_format": {"type": "json_object"}, "n": 2})
+    client.post(chat, json={"messages": user, "structured_outputs": {"json": {"type": "object"}}})
+    # Not an object: both samples end "stop" and fail the re-check.
+    engine.reply = "[1]"
+    client.post(chat, json={"messages": user, "response_format": {"type": "json_object"}, "n": 2})
+    # Cut by max_tokens: "length" is never re-checked.
+    client.post("/v1/completions", json={"prompt": "p", "max_tokens": 2, "structured_outputs": {"regex": "x"}})
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    client.post(chat, json={"messages": user, "tools": [tool], "tool_choice": "required"})
+    client.post(chat, json={"messages": user, "tools": [tool]})
+    samples = scrape(client)
+    counts = {kind: value(samples, "structured_output_requests_total", kind=kind) for kind in STRUCTURED_KINDS}
+    assert counts == {"json": 1.0, "json_object": 2.0, "regex": 1.0, "choice": 0.0, "grammar": 0.0, "tool_call": 1.0}
+    # Invalid: the two json_object samples, and "[1]" as "required" calls (not call objects).
+    assert value(samples, "structured_output_invalid_total") == 3.0
+
+
+def test_grammar_compile_times_are_drained_at_scrape(client: TestClient, engine: FakeEngine) -> None:
+    engine.grammar_compile_times = [0.002, 0.3]
+    samples = scrape(client)
+    assert value(samples, "grammar_compile_seconds_count") == 2.0
+    assert value(samples, "grammar_compile_seconds_bucket", le="0.0025") == 1.0
+    assert value(samples, "grammar_compile_seconds_sum") == 0.302
+    assert engine.grammar_compile_times == []
+    assert value(scrape(client), "grammar_compile_seconds_count") == 2.0

@@ -248,3 +248,18 @@ def test_engine_failure_is_500_and_the_server_lives(client: TestClient, engine: 
     assert events[-1] == "[DONE]"
     engine.fail = None
     assert client.post(CHAT, json={"messages": USER, "max_tokens": 1}).status_code == 200
+
+
+def test_engine_refusal_of_a_constraint_is_a_400_even_when_streaming(client: TestClient, engine: FakeEngine) -> None:
+    engine.refuse_prepare = 'unsupported JSON schema: Unimplemented keys: ["if", "then"]'
+    schema = {"type": "object", "if": {}, "then": {}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    for streaming in (False, True):
+        response = client.post(
+            CHAT, json={"model": "fake-model", "messages": USER, "response_format": fmt, "stream": streaming}
+        )
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["message"] == engine.refuse_prepare
+        assert error["param"] == "response_format"
+    assert engine.prepared[-1].structured_outputs is not None

@@ -127,7 +127,7 @@ class AsyncEngine:
         else:
             text, token_ids = None, list(prompt)
         loop = asyncio.get_running_loop()
-        await self._compile_grammar(sampling_params)
+        await self.prepare(sampling_params)
         stream = _Stream(loop, asyncio.Queue())
         added: asyncio.Future[None] = loop.create_future()
 
@@ -161,15 +161,15 @@ class AsyncEngine:
             if not finished:
                 self._submit(lambda: self._abort(request_id))
 
-    async def _compile_grammar(self, params: SamplingParams) -> None:
-        """Wait for the request's grammar on the compile thread, not the engine thread:
-        the batch keeps stepping meanwhile, and a grammar that cannot be enforced raises
-        ValueError here, before the request exists."""
-        spec = params.structured_outputs
+    async def prepare(self, sampling_params: SamplingParams) -> None:
+        """Validate the request's logits processors and wait for its grammar on the
+        compile thread, not the engine thread: the batch keeps stepping meanwhile, and a
+        grammar that cannot be enforced raises ValueError here, before the request exists."""
+        self.core.runner.processors.validate(sampling_params)
+        spec = sampling_params.structured_outputs
         compiler = self.core.grammar_compiler
-        if spec is None or compiler is None:
-            return  # no constraint, or add_request refuses it
-        await asyncio.wrap_future(compiler.submit(spec))
+        if spec is not None and compiler is not None:
+            await asyncio.wrap_future(compiler.submit(spec))
 
     def drain_grammar_compile_times(self) -> list[float]:
         """Seconds of each grammar compile since the last call (cache hits excluded)."""

@@ -57,6 +57,17 @@ class EngineClient(Protocol):
         """
         ...
 
+    async def prepare(self, sampling_params: SamplingParams) -> None:
+        """Check, before anything is streamed, what a request asks of the engine beyond
+        its prompt: its grammar (compiled off the engine thread and cached, so generate()
+        does not pay again) and its logits processors' names and arguments. Raises
+        ValueError (the caller's error) when the engine cannot honor them."""
+        ...
+
+    def drain_grammar_compile_times(self) -> list[float]:
+        """Seconds of each grammar compile since the last call (cache hits excluded)."""
+        ...
+
     async def abort(self, request_id: str) -> None:
         """Abort a request; its KV blocks are freed within one step."""
         ...

@@ -10,11 +10,16 @@ every engine request that has not finished, under a shielded cancel scope so the
 itself cannot be cancelled; the admission ticket is released; finished requests feed the
 latency metrics, aborted ones the `abort` count. A ValueError from the engine (a request
 it can never serve) becomes a 400.
+
+With a constraint, the call counts once in `structured_output_requests_total{kind}`, and
+each sample that ends "stop" is re-checked against it (its whole text, accumulated here);
+a failure is counted in `structured_output_invalid_total` and logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,9 +31,12 @@ from tokenmill.engine.outputs import PositionLogprobs, RequestOutput
 from tokenmill.engine.protocol import EngineClient
 from tokenmill.engine.request import SamplingParams
 from tokenmill.server.admission import AdmissionTicket
+from tokenmill.server.constraints import Constraint
 from tokenmill.server.errors import invalid
 from tokenmill.server.metrics import StreamTiming
 from tokenmill.server.state import ServerState
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,8 +88,10 @@ class Generation:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         self._state = state
+        self._constraint = constraint
         self._engine = engine
         self.prompts = prompts
         self.params = params
@@ -94,6 +104,8 @@ class Generation:
         self._timings = [StreamTiming(time.monotonic()) for _ in prompts]
         # Raises a 429 now, before any response has started.
         self._ticket: AdmissionTicket = state.admission.admit(engine.stats().num_waiting_reqs)
+        if constraint is not None:
+            state.metrics.observe_structured_request(constraint.kind)
 
     async def stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         try:
@@ -159,11 +171,15 @@ class Generation:
         metrics = self._state.metrics
         # Samples finish in different deltas (a delta carries only those that progressed).
         finish_reasons: list[str] = []
+        # Sample index -> text so far, kept only to re-check a constrained output.
+        texts: dict[int, str] = {}
         try:
             async for output in outputs:
                 self._ticket.started()
                 metrics.observe_output(timing, time.monotonic())
                 finish_reasons += [o.finish_reason for o in output.outputs if o.finish_reason]
+                if self._constraint is not None:
+                    self._check_outputs(self._constraint, output, texts)
                 if output.finished:
                     self._running[prompt_index] = False
                     metrics.observe_finished(finish_reasons, output.metrics, timing)
@@ -178,6 +194,17 @@ class Generation:
             if aclose is not None:
                 with anyio.CancelScope(shield=True):
                     await aclose()
+
+    def _check_outputs(self, constraint: Constraint, output: RequestOutput, texts: dict[int, str]) -> None:
+        for sample in output.outputs:
+            text = texts.get(sample.index, "") + sample.text
+            texts[sample.index] = text
+            if sample.finish_reason == "stop" and not constraint.holds(text):
+                self._state.metrics.observe_structured_invalid()
+                logger.warning(
+                    "constrained output (%s) ended 'stop' but fails its re-check: request %s sample %d",
+                    constraint.kind, output.request_id, sample.index,
+                )
 
     async def _merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Interleave several prompts' streams in arrival order."""

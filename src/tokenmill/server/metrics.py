@@ -7,7 +7,11 @@ Dashboards and autoscalers written for vLLM work with a prefix change. Two sourc
   always shows the last completed step and nothing is double counted;
 - per-request latencies, observed by the server when a request ends, from the engine's
   RequestMetrics timestamps (falling back to the server's own stream timing), plus the
-  inter-token gaps the server sees between consecutive outputs of a request.
+  inter-token gaps the server sees between consecutive outputs of a request;
+- structured outputs: constrained requests by kind and constrained outputs that ended
+  "stop" yet fail the server's re-check (see constraints.py), counted by the server; and
+  grammar compile times, drained from the engine at scrape time into a histogram (the
+  engine keeps them until read, so each compile is observed once).
 
 Everything is labelled `model_name`. Each app owns its registry (no module-global state).
 """
@@ -38,6 +42,9 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_COMPILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Labels of structured_output_requests_total: the engine's kinds plus forced tool calls.
+STRUCTURED_OUTPUT_KINDS = ("json", "json_object", "regex", "choice", "grammar", "tool_call")
 _LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                     50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -83,8 +90,15 @@ class _EngineStatsCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, stats: Callable[[], SchedulerStats | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        stats: Callable[[], SchedulerStats | None],
+        grammar_compile_times: Callable[[], list[float]] | None = None,
+    ) -> None:
+        """`grammar_compile_times`: reads and clears the engine's compile times (seconds)."""
         self.model_name = model_name
+        self._grammar_compile_times = grammar_compile_times
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineStatsCollector(model_name, stats))
         labels = ["model_name"]
@@ -104,11 +118,27 @@ class ServerMetrics:
         self._queue = histogram("request_queue_time_seconds", "Time spent waiting before scheduling.", _LATENCY_BUCKETS)
         self._prefill = histogram("request_prefill_time_seconds", "Time from first scheduling to first token.", _LATENCY_BUCKETS)
         self._decode = histogram("request_decode_time_seconds", "Time from first to last token.", _LATENCY_BUCKETS)
+        self._structured = Counter(
+            PREFIX + "structured_output_requests",
+            "Requests with a structured-output constraint, by kind.",
+            ["model_name", "kind"],
+            registry=self.registry,
+        )
+        self._structured_invalid = Counter(
+            PREFIX + "structured_output_invalid",
+            "Constrained outputs that ended 'stop' but failed the server's re-check (should stay 0).",
+            labels,
+            registry=self.registry,
+        )
+        self._compile = histogram("grammar_compile_seconds", "Time to compile a grammar (cache misses).", _COMPILE_BUCKETS)
         # Series exist from the first scrape (zeros), not from the first request.
-        for h in (self._ttft, self._itl, self._e2e, self._queue, self._prefill, self._decode):
+        for h in (self._ttft, self._itl, self._e2e, self._queue, self._prefill, self._decode, self._compile):
             h.labels(model_name)
         for reason in ("stop", "length", "abort"):
             self._success.labels(model_name, reason)
+        for kind in STRUCTURED_OUTPUT_KINDS:
+            self._structured.labels(model_name, kind)
+        self._structured_invalid.labels(model_name)
 
     def observe_output(self, timing: StreamTiming, now: float) -> None:
         """An output of a request arrived at `now`: record the gap since the previous one."""
@@ -146,5 +176,14 @@ class ServerMetrics:
     def observe_aborted(self, num_samples: int) -> None:
         self._success.labels(self.model_name, "abort").inc(num_samples)
 
+    def observe_structured_request(self, kind: str) -> None:
+        self._structured.labels(self.model_name, kind).inc()
+
+    def observe_structured_invalid(self) -> None:
+        self._structured_invalid.labels(self.model_name).inc()
+
     def render(self) -> bytes:
+        if self._grammar_compile_times is not None:
+            for seconds in self._grammar_compile_times():
+                self._compile.labels(self.model_name).observe(max(0.0, seconds))
         return generate_latest(self.registry)

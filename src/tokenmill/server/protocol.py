@@ -7,8 +7,14 @@ forbids unknown fields (400 naming the field). Fields fall in four groups:
 - extensions: vLLM's extra-body names (`top_k`, `min_p`, ...) so its clients work;
 - harmless: accepted and ignored because they cannot change the output (`metadata`,
   `store`, `service_tier`, `safety_identifier`, `prompt_cache_key`, `stream_options.include_obfuscation`);
-- known but not honored yet (`tools`, `response_format`, ...): declared so that
+- known but not honored yet (`functions`, `audio`, ...): declared so that
   `rejected_field()` can reject them by name with a 400 unless they hold their no-op value.
+
+Structured outputs (`response_format`, vLLM's `structured_outputs`), `logits_processors`
+and tools (`tools`, `tool_choice`, `parallel_tool_calls`, `role: "tool"` messages,
+assistant `tool_calls`) are honored; the rules across fields (one constraint at most, a
+known tool name, ...) are checked where the request is built (constraints.py,
+tool_calls.py, chat_prompt.py).
 
 Types are strict (a string is not a number) and bounds live on the fields, so a bad value
 is reported with its `param`.
@@ -19,7 +25,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, ValidationError
 
 from tokenmill.engine.request import MAX_LOGPROBS, MAX_N
 from tokenmill.server.errors import APIError, from_validation_errors
@@ -44,12 +50,30 @@ class TextContentPart(StrictModel):
     text: str
 
 
+class ToolCallFunction(StrictModel):
+    name: str
+    # A JSON text, as the API returned it.
+    arguments: str
+
+
+class ToolCall(StrictModel):
+    """A call an assistant message made, sent back in a later turn."""
+
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatMessage(StrictModel):
     # "developer" is OpenAI's newer name for "system".
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     # Passed to the chat template as a message key (templates that use it honor it).
     name: str | None = None
+    # Assistant messages only: the calls it made.
+    tool_calls: list[ToolCall] | None = None
+    # Tool messages only: the call this is the result of.
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -59,8 +83,53 @@ class ChatMessage(StrictModel):
         return "\n".join(part.text for part in self.content)
 
 
+class JsonSchemaSpec(StrictModel):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    # `schema` would shadow a BaseModel attribute; the wire name is the alias.
+    schema_: dict[str, JsonValue] = Field(alias="schema")
+    # Accepted either way: the schema is always enforced.
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(StrictModel):
+    """One model, not a tagged union, so errors name `response_format.json_schema.<field>`;
+    `json_schema` goes with type "json_schema" only (checked in constraints.py)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StructuredOutputsField(StrictModel):
+    """vLLM's extra body: exactly one of these (checked by StructuredOutputsParams)."""
+
+    # `json` would shadow a BaseModel attribute; the wire name is the alias.
+    json_: dict[str, JsonValue] | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
+class LogitsProcessorEntry(StrictModel):
+    name: str
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+def _name_or_entry(value: object) -> str:
+    return "str" if isinstance(value, str) else "dict"
+
+
+# Tagged "str" / "dict" (tags errors.param_from_loc drops), so an error inside an entry is
+# reported as `logits_processors[i].<field>`.
+LogitsProcessorItem = Annotated[
+    Annotated[str, Tag("str")] | Annotated[LogitsProcessorEntry, Tag("dict")],
+    Discriminator(_name_or_entry),
+]
+
+
 class SamplingFields(StrictModel):
-    """Fields shared by chat and completions: sampling, stopping, vLLM extensions."""
+    """Fields shared by chat and completions: sampling, stopping, constraints, vLLM extensions."""
 
     model: str | None = None
     frequency_penalty: Penalty = 0.0
@@ -92,6 +161,11 @@ class SamplingFields(StrictModel):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Structured outputs: OpenAI's field, and vLLM's extra body.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    # Batch logits processors by registered name, with optional arguments.
+    logits_processors: list[LogitsProcessorItem] | None = None
 
     def rejected_field(self) -> Rejection | None:
         """The first field holding a value this server cannot honor, and why."""
@@ -106,18 +180,40 @@ class SamplingFields(StrictModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+class FunctionDefinition(StrictModel):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    # A JSON schema of the arguments object; omitted: the function takes no arguments.
+    parameters: dict[str, JsonValue] | None = None
+    # Accepted either way: constrained calls always follow `parameters`.
+    strict: bool | None = None
+
+
+class Tool(StrictModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     # Known OpenAI fields not honored yet.
-    response_format: JsonValue = None
-    tools: JsonValue = None
-    tool_choice: JsonValue = None
     functions: JsonValue = None
     function_call: JsonValue = None
-    parallel_tool_calls: JsonValue = None
     audio: JsonValue = None
     modalities: JsonValue = None
     prediction: JsonValue = None
@@ -127,9 +223,6 @@ class ChatCompletionRequest(SamplingFields):
 
     def rejected_field(self) -> Rejection | None:
         noop: dict[str, tuple[JsonValue, ...]] = {
-            "response_format": (None, {"type": "text"}),
-            "tools": (None, []),
-            "tool_choice": (None, "none"),
             "functions": (None, []),
             "function_call": (None, "none"),
             "modalities": (None, ["text"]),
@@ -151,7 +244,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 _UNHONORED_CHAT = frozenset(
-    {"parallel_tool_calls", "audio", "prediction", "reasoning_effort", "web_search_options", "verbosity"}
+    {"audio", "prediction", "reasoning_effort", "web_search_options", "verbosity"}
 )
 
 

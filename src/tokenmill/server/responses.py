@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
 
 class PromptTokensDetails(BaseModel):
@@ -43,10 +43,31 @@ class ChatChoiceLogprobs(BaseModel):
     refusal: None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    # A JSON text.
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     refusal: None = None
+    # Left out of the body when the message makes no call, as OpenAI does.
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_tool_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.tool_calls:
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -68,8 +89,9 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatStreamChoice(BaseModel):
     index: int
-    # {"role": "assistant", "content": ""} first, then {"content": ...}, {} last.
-    delta: dict[str, str]
+    # {"role": "assistant", "content": ""} first, then {"content": ...} and
+    # {"tool_calls": [...]}, {} last.
+    delta: dict[str, Any]
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
 

@@ -7,7 +7,9 @@ prompt that fills the context, or prompt + max_tokens beyond it, is a 400.
 
 from __future__ import annotations
 
+from tokenmill.engine.logits.processor import LogitsProcessorSpec
 from tokenmill.engine.request import SamplingParams
+from tokenmill.engine.structured_output.spec import StructuredOutputsParams
 from tokenmill.server.errors import invalid
 from tokenmill.server.protocol import SamplingFields
 
@@ -46,8 +48,22 @@ def build_sampling_params(
     vocab_size: int,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    structured_outputs: StructuredOutputsParams | None = None,
+    logits_processors: list[LogitsProcessorSpec] | None = None,
 ) -> SamplingParams:
-    """Every honored field goes through; SamplingParams' own checks become 400s."""
+    """Every honored field goes through; SamplingParams' own checks become 400s.
+
+    A constraint refuses stop sequences: one could cut the constrained output mid-structure
+    and report it as a clean "stop".
+    """
+    if structured_outputs is not None:
+        for name in ("stop", "stop_token_ids"):
+            if getattr(body, name):
+                raise invalid(
+                    f"'{name}' cannot be combined with a structured output or a forced tool call "
+                    "(a stop sequence could cut the constrained output mid-structure)",
+                    name,
+                )
     logit_bias = _logit_bias(body.logit_bias, vocab_size)
     if body.min_tokens > max_tokens:
         raise invalid(f"min_tokens ({body.min_tokens}) must be <= max_tokens ({max_tokens})", "min_tokens")
@@ -77,6 +93,8 @@ def build_sampling_params(
             prompt_logprobs=prompt_logprobs,
             logit_bias=logit_bias,
             skip_special_tokens=body.skip_special_tokens,
+            structured_outputs=structured_outputs,
+            logits_processors=list(logits_processors or []),
         )
     except ValueError as exc:
         # SamplingParams' messages start with the field name ("top_k must be ...").

@@ -5,7 +5,9 @@ lists; each prompt is one engine request with `n` samples, and choice `i * n + j
 sample j of prompt i. `echo` puts the prompt in front of each choice's text (and, with
 `logprobs`, its prompt-token logprobs in front of the generated ones; the first prompt
 token has none). Streamed chunks carry each choice's new text, with `finish_reason` on
-the choice's last chunk.
+the choice's last chunk. `response_format`, `structured_outputs` and
+`logits_processors` work as in chat; a constraint applies to the generated text (not to
+an echoed prompt).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import JsonValue
 
+from tokenmill.server.constraints import logits_processor_specs, output_constraint, prepare_engine
 from tokenmill.server.disconnect import unless_disconnected
 from tokenmill.server.errors import invalid
 from tokenmill.server.generation import Generation
@@ -96,15 +99,25 @@ async def create_completion(request: Request) -> Response:
             len(prompt.token_ids), requested, engine.max_model_len, param="max_tokens", prompt_param="prompt"
         )
     num_top = body.logprobs
+    constraint = output_constraint(body)
     params = build_sampling_params(
         body,
         max_tokens=requested,
         vocab_size=vocab_size,
         logprobs=num_top,
         prompt_logprobs=num_top if body.echo and num_top is not None else None,
+        structured_outputs=None if constraint is None else constraint.params,
+        logits_processors=logits_processor_specs(body),
     )
+    await prepare_engine(engine, params, body)
     generation = Generation(
-        state, engine, [p.token_ids for p in prompts], params, priority=body.priority, cache_salt=body.cache_salt
+        state,
+        engine,
+        [p.token_ids for p in prompts],
+        params,
+        priority=body.priority,
+        cache_salt=body.cache_salt,
+        constraint=constraint,
     )
     base = CompletionResponse(
         id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.settings.served_model_name, choices=[]

@@ -10,10 +10,10 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from tokenmill.server.chat_prompt import render_chat_prompt
 from tokenmill.server.errors import invalid
 from tokenmill.server.protocol import DetokenizeRequest, TokenizeRequest, parse_request
 from tokenmill.server.responses import DetokenizeResponse, TokenizeResponse
-from tokenmill.server.serving_chat import render_chat_prompt
 from tokenmill.server.state import get_state
 
 

@@ -21,7 +21,7 @@ class ServerState:
     def __init__(self, engine: EngineClient | None, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
-        self.metrics = ServerMetrics(settings.served_model_name, self._stats)
+        self.metrics = ServerMetrics(settings.served_model_name, self._stats, self._grammar_compile_times)
         self.admission = AdmissionController(settings.max_queue_len, settings.retry_after_s)
         self.health = HealthMonitor(settings.health_stall_timeout_s)
         # Set on SIGTERM: readiness fails and new work is refused while in-flight drains.
@@ -57,6 +57,9 @@ class ServerState:
 
     def _stats(self) -> SchedulerStats | None:
         return None if self.engine is None else self.engine.stats()
+
+    def _grammar_compile_times(self) -> list[float]:
+        return [] if self.engine is None else list(self.engine.drain_grammar_compile_times())
 
 
 def get_state(source: Request | FastAPI) -> ServerState:
