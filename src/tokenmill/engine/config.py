@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenmill.engine.quantization.config import QuantConfig
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -105,3 +107,5 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    # Weight-only quantization of the decoder projections; None: the model's dtype.
+    quantization: QuantConfig | None = None

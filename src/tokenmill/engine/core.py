@@ -51,6 +51,7 @@ class EngineCore:
         self.runner = ModelRunner(
             config.model, weights, config.cache, config.scheduler, config.device,
             logits_processors=logits_processors, grammar_compiler=self.grammar_compiler,
+            quantization=config.quantization,
         )
         self.runner.warm_up()
         capacity = self.runner.num_blocks * config.cache.block_size

@@ -20,6 +20,7 @@ from tokenmill.engine.core import EngineCore
 from tokenmill.engine.loader.checkpoint import load_checkpoint
 from tokenmill.engine.loader.model_store import resolve_model
 from tokenmill.engine.loader.tokenizer import Tokenizer
+from tokenmill.engine.quantization.config import QuantConfig
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +42,25 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     num_threads: int | None = None
+    # Weight-only quantization: None, "int8", "int4" or "fp8" (see engine/quantization).
+    quantization: str | None = None
+    # int4 group size: 32, 64 or 128. A GGUF's Q4_0/Q4_1 blocks are taken over as they are
+    # for int4 with groups of 32.
+    quantization_group_size: int = 32
 
     def create_engine(self) -> tuple[EngineCore, Tokenizer]:
+        quantization = QuantConfig.parse(self.quantization, self.quantization_group_size)
         path = resolve_model(self.model)
-        checkpoint = load_checkpoint(path)
+        keep_int4 = quantization is not None and quantization.method == "int4" and quantization.group_size == 32
+        checkpoint = load_checkpoint(path, keep_int4=keep_int4)
+        stored = checkpoint.quantization
+        if stored is not None and quantization is not None and stored != quantization:
+            raise ValueError(
+                f"{path} holds {stored.method} weights"
+                + (f" (groups of {stored.group_size})" if stored.method == "int4" else "")
+                + f"; it cannot run as {quantization.method}"
+            )
+        quantization = quantization or stored
         model_config = checkpoint.config
         max_model_len = self.max_model_len or model_config.max_position_embeddings
         if max_model_len > model_config.max_position_embeddings:
@@ -69,6 +85,7 @@ class EngineArgs:
                 enable_chunked_prefill=self.enable_chunked_prefill,
             ),
             device=DeviceConfig(device=self.device, dtype=self.dtype, num_threads=self.num_threads),
+            quantization=quantization,
         )
         engine = EngineCore(config, checkpoint.weights, checkpoint.tokenizer)
         logger.info(

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Any
 
 from tokenmill.engine.config import ModelConfig
 from tokenmill.engine.loader.gguf import load_gguf
@@ -21,35 +20,45 @@ from tokenmill.engine.loader.safetensors import (
     HFDirectory,
     load_safetensors_weights,
     model_config_from_hf,
+    quantization_from_hf,
 )
 from tokenmill.engine.loader.tokenizer import Tokenizer
+from tokenmill.engine.quantization.config import QuantConfig
+from tokenmill.engine.quantization.weights import QuantizedWeight
 
 
 @dataclass
 class Checkpoint:
     config: ModelConfig
-    # HF transformers names -> float32 tensors.
-    weights: dict[str, torch.Tensor]
+    # HF transformers names -> float32 tensors (or QuantizedWeights kept from GGUF blocks).
+    weights: dict[str, Any]
     tokenizer: Tokenizer
     # The file or directory it was read from.
     source: str
+    # The scheme of the weights stored quantized (QuantizedWeights above), if any.
+    quantization: QuantConfig | None = None
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Load a `.gguf` file or an HF checkpoint directory."""
+def load_checkpoint(path: str | Path, keep_int4: bool = False) -> Checkpoint:
+    """Load a `.gguf` file or an HF checkpoint directory. `keep_int4`: a GGUF's Q4_0/Q4_1
+    projections stay int4 codes (see load_gguf)."""
     path = Path(path).expanduser()
+    quantization: QuantConfig | None = None
     if not path.exists():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"{path} is a file but not a .gguf checkpoint")
-        contents = load_gguf(path)
+        contents = load_gguf(path, keep_int4=keep_int4)
         config, weights = contents.config, contents.weights
         tokenizer = Tokenizer.from_gguf(contents.metadata)
+        if any(isinstance(w, QuantizedWeight) for w in weights.values()):
+            quantization = QuantConfig("int4", 32)
     else:
         directory = HFDirectory.open(path)
         config = model_config_from_hf(directory.config, directory.generation_config)
-        weights = load_safetensors_weights(directory.path, config)
+        quantization = quantization_from_hf(directory.config)
+        weights = load_safetensors_weights(directory.path, config, quantization)
         tokenizer = Tokenizer.from_file(
             directory.tokenizer_file,
             directory.tokenizer_config,
@@ -57,7 +66,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             chat_template=directory.chat_template,
         )
     check_weights(weights, config)
-    return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=str(path))
+    return Checkpoint(
+        config=config, weights=weights, tokenizer=tokenizer, source=str(path), quantization=quantization
+    )
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -92,7 +103,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_weights(weights: Mapping[str, torch.Tensor], config: ModelConfig) -> None:
+def check_weights(weights: Mapping[str, Any], config: ModelConfig) -> None:
     """ValueError unless `weights` holds exactly the expected tensors with the expected shapes."""
     expected = expected_shapes(config)
     missing = sorted(expected.keys() - weights.keys())

@@ -23,6 +23,7 @@ GGUF loader produces.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import re
 import struct
@@ -38,6 +39,7 @@ from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType,
 from gguf.quants import dequantize as gguf_dequantize
 
 from tokenmill.engine.config import ModelConfig
+from tokenmill.engine.quantization.weights import QuantizedWeight, from_gguf_q4
 
 _SUPPORTED_VERSIONS = (2, 3)
 _SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -75,10 +77,11 @@ class GGUFTensorInfo:
 
 @dataclass(frozen=True)
 class GGUFContents:
-    """What a GGUF file yields: the model shape, HF-named float32 weights, raw metadata."""
+    """What a GGUF file yields: the model shape, HF-named weights (float32 tensors, or
+    QuantizedWeights when int4 blocks are kept), raw metadata."""
 
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, Any]
     metadata: dict[str, Any]
 
 
@@ -191,6 +194,24 @@ class GGUFFile:
             self._map, dtype=torch.uint8, count=info.num_bytes, offset=info.offset
         )
         return dequantize(raw, info.ggml_type, info.shape)
+
+
+    def read_int4(self, name: str) -> QuantizedWeight:
+        """A Q4_0 / Q4_1 matrix as int4 group-32 codes, scales and zero points."""
+        info = self.tensors[name]
+        raw = torch.frombuffer(self._map, dtype=torch.uint8, count=info.num_bytes, offset=info.offset)
+        with_min = info.ggml_type == GGMLQuantizationType.Q4_1
+        blocks = raw.view(-1, 20 if with_min else 18)
+        rows, cols = info.shape
+        return from_gguf_q4(blocks, with_min, (rows, cols))
+
+
+_Q4_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1})
+_PROJECTION_PARTS = (".attn_q.", ".attn_k.", ".attn_v.", ".attn_output.", ".ffn_gate.", ".ffn_up.", ".ffn_down.")
+
+
+def _is_projection(name: str) -> bool:
+    return name.endswith(".weight") and any(part in name for part in _PROJECTION_PARTS)
 
 
 # ---- dequantization -----------------------------------------------------------------
@@ -368,17 +389,28 @@ def unpermute_qk(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
     return paired.transpose(1, 2).reshape(tensor.shape).contiguous()
 
 
-def load_gguf(path: str | Path) -> GGUFContents:
-    """Read a GGUF file into (ModelConfig, float32 HF-named weights, metadata)."""
+def load_gguf(path: str | Path, keep_int4: bool = False) -> GGUFContents:
+    """Read a GGUF file into (ModelConfig, HF-named weights, metadata).
+
+    Weights are float32, except with `keep_int4`: then the decoder projections stored as
+    Q4_0 / Q4_1 come as int4 group-32 QuantizedWeights made from their blocks directly
+    (no float weight is built)."""
     gguf_file = GGUFFile(path)
     config = model_config_from_gguf(gguf_file.metadata, frozenset(gguf_file.tensors))
     permuted = gguf_file.metadata["general.architecture"] in _PERMUTED_QK_ARCHITECTURES
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, Any] = {}
     for name in gguf_file.tensors:
-        tensor = gguf_file.read_tensor(name)
-        if permuted and ".attn_q." in name:
-            tensor = unpermute_qk(tensor, config.num_heads)
-        elif permuted and ".attn_k." in name:
-            tensor = unpermute_qk(tensor, config.num_kv_heads)
+        tensor: Any
+        info = gguf_file.tensors[name]
+        if keep_int4 and _is_projection(name) and info.ggml_type in _Q4_TYPES:
+            tensor = gguf_file.read_int4(name)
+        else:
+            tensor = gguf_file.read_tensor(name)
+        if permuted and (".attn_q." in name or ".attn_k." in name):
+            heads = config.num_heads if ".attn_q." in name else config.num_kv_heads
+            if isinstance(tensor, QuantizedWeight):
+                tensor = tensor.map_rows(functools.partial(unpermute_qk, num_heads=heads))
+            else:
+                tensor = unpermute_qk(tensor, heads)
         weights[hf_name(name)] = tensor
     return GGUFContents(config=config, weights=weights, metadata=gguf_file.metadata)

@@ -26,6 +26,8 @@ import torch
 from safetensors import safe_open
 
 from tokenmill.engine.config import ModelConfig
+from tokenmill.engine.quantization.config import QuantConfig
+from tokenmill.engine.quantization.weights import QuantizedWeight
 
 _ARCHITECTURES = ("llama", "mistral", "qwen2")
 _INDEX_FILE = "model.safetensors.index.json"
@@ -144,9 +146,14 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def load_safetensors_weights(path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint as float32, keyed by its HF name."""
-    weights: dict[str, torch.Tensor] = {}
+def load_safetensors_weights(
+    path: Path, config: ModelConfig, quantization: QuantConfig | None = None
+) -> dict[str, Any]:
+    """Every tensor of the checkpoint as float32, keyed by its HF name. In a checkpoint
+    quantized by tokenmill (`quantization` from its config.json), a weight stored as
+    `NAME.qweight` + `NAME.scales` (+ `NAME.zeros`) comes back as one QuantizedWeight."""
+    weights: dict[str, Any] = {}
+    parts: dict[str, dict[str, torch.Tensor]] = {}
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt") as shard:
             for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
@@ -154,17 +161,56 @@ def load_safetensors_weights(path: Path, config: ModelConfig) -> dict[str, torch
                     continue  # derived from rope_theta; rebuilt by the model
                 if name == "lm_head.weight" and config.tie_word_embeddings:
                     continue  # a tied head is the embedding
+                base, _, suffix = name.rpartition(".")
+                if quantization is not None and suffix in QUANTIZED_PARTS:
+                    parts.setdefault(base + ".weight", {})[suffix] = shard.get_tensor(name)
+                    continue
                 if name in weights:
                     raise ValueError(f"tensor {name!r} appears in more than one shard")
                 weights[name] = shard.get_tensor(name).to(torch.float32)
+    for name, tensors in parts.items():
+        assert quantization is not None
+        weights[name] = _quantized_weight(name, tensors, quantization)
     return weights
 
 
-def load_safetensors(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """An HF checkpoint directory -> (ModelConfig, float32 HF-named weights)."""
+# A tokenmill-quantized weight NAME.weight is stored as these tensors.
+QUANTIZED_PARTS = ("qweight", "scales", "zeros")
+
+
+def quantization_from_hf(config: dict[str, Any]) -> QuantConfig | None:
+    """The scheme of a checkpoint tokenmill quantized (`quantization_config` in
+    config.json); other quantization formats are refused, never read as floats."""
+    spec = config.get("quantization_config")
+    if not spec:
+        return None
+    if spec.get("quant_method") != "tokenmill":
+        raise ValueError(
+            f"quantization_config.quant_method {spec.get('quant_method')!r} is not supported "
+            "(tokenmill reads checkpoints written by `tokenmill models quantize`)"
+        )
+    return QuantConfig(str(spec.get("method")), int(spec.get("group_size", 32)))
+
+
+def _quantized_weight(name: str, tensors: dict[str, torch.Tensor], scheme: QuantConfig) -> QuantizedWeight:
+    needed = {"qweight", "scales", *(("zeros",) if scheme.method == "int4" else ())}
+    if set(tensors) != needed:
+        raise ValueError(f"quantized weight {name!r} has parts {sorted(tensors)}, {scheme.method} needs {sorted(needed)}")
+    zeros = tensors.get("zeros")
+    return QuantizedWeight(
+        scheme.method,
+        tensors["qweight"],
+        tensors["scales"].float(),
+        None if zeros is None else zeros.float(),
+        scheme.group_size if scheme.method == "int4" else 0,
+    )
+
+
+def load_safetensors(path: str | Path) -> tuple[ModelConfig, dict[str, Any]]:
+    """An HF checkpoint directory -> (ModelConfig, HF-named weights)."""
     directory = HFDirectory.open(path)
     config = model_config_from_hf(directory.config, directory.generation_config)
-    return config, load_safetensors_weights(directory.path, config)
+    return config, load_safetensors_weights(directory.path, config, quantization_from_hf(directory.config))
 
 
 def _id_list(value: Any) -> tuple[int, ...]:

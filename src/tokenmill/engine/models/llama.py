@@ -12,7 +12,7 @@ flattened into one [T, hidden] batch.
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,8 @@ from tokenmill.engine.config import ModelConfig
 from tokenmill.engine.models.layers.fused import LayerOps, TorchLayerOps
 from tokenmill.engine.models.layers.norm import RMSNorm
 from tokenmill.engine.models.layers.rotary import RotaryEmbedding
+from tokenmill.engine.quantization.linear import QuantizedLinear
+from tokenmill.engine.quantization.weights import QuantizedWeight, cat_rows
 
 
 class Attention(Protocol):
@@ -119,7 +121,7 @@ class LlamaForCausalLM(torch.nn.Module):
         """hidden: [R, hidden] -> float32 logits [R, vocab]."""
         return self.lm_head(hidden).float()
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: dict[str, Any]) -> None:
         """Copy HF-named tensors in, fusing q|k|v and gate|up. Every tensor must be used."""
         remaining = dict(weights)
 
@@ -142,18 +144,31 @@ class LlamaForCausalLM(torch.nn.Module):
                 layer.post_attention_layernorm.weight.copy_(
                     take(p + "post_attention_layernorm.weight")
                 )
-                layer.qkv_proj.weight.copy_(
-                    torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
-                )
+                bias = None
                 if layer.qkv_proj.bias is not None:
-                    layer.qkv_proj.bias.copy_(
-                        torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-                    )
-                layer.o_proj.weight.copy_(take(p + "self_attn.o_proj.weight"))
-                layer.gate_up_proj.weight.copy_(
-                    torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+                    bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+                _load_projection(layer, "qkv_proj", [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], bias)
+                _load_projection(layer, "o_proj", [take(p + "self_attn.o_proj.weight")])
+                _load_projection(
+                    layer, "gate_up_proj", [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
                 )
-                layer.down_proj.weight.copy_(take(p + "mlp.down_proj.weight"))
+                _load_projection(layer, "down_proj", [take(p + "mlp.down_proj.weight")])
         unused = [n for n in remaining if not n.endswith("rotary_emb.inv_freq")]
         if unused:
             raise ValueError(f"checkpoint has tensors the model does not use: {unused[:5]}")
+
+
+def _load_projection(
+    layer: torch.nn.Module, name: str, parts: list[Any], bias: torch.Tensor | None = None
+) -> None:
+    """Fill one (possibly fused) projection: float parts are copied into its nn.Linear;
+    quantized parts (kept from a GGUF file) replace it with a QuantizedLinear."""
+    if all(isinstance(part, torch.Tensor) for part in parts):
+        linear = getattr(layer, name)
+        linear.weight.copy_(torch.cat(parts))
+        if bias is not None:
+            linear.bias.copy_(bias)
+        return
+    if not all(isinstance(part, QuantizedWeight) for part in parts):
+        raise ValueError(f"{name}: cannot fuse quantized and float weights")
+    setattr(layer, name, QuantizedLinear(cat_rows(parts), bias))

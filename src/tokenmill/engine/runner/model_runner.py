@@ -29,6 +29,8 @@ from tokenmill.engine.models.layers.fused import select_layer_ops
 from tokenmill.engine.models.layers.linear import can_prepack, prepack_linears
 from tokenmill.engine.models.llama import Attention, LlamaForCausalLM, causal_attention
 from tokenmill.engine.models.registry import build_model
+from tokenmill.engine.quantization.apply import prepare_quantized, quantize_linears
+from tokenmill.engine.quantization.config import QuantConfig
 from tokenmill.engine.runner.attention import AttentionMetadata, PagedAttention
 from tokenmill.engine.runner.input_batch import InputBatch
 from tokenmill.engine.runner.kv_cache_tensors import KVCacheTensors
@@ -71,6 +73,7 @@ class ModelRunner:
         device_config: DeviceConfig,
         logits_processors: dict[str, type[Any]] | None = None,
         grammar_compiler: GrammarCompiler | None = None,
+        quantization: QuantConfig | None = None,
     ) -> None:
         if device_config.num_threads is not None:
             torch.set_num_threads(device_config.num_threads)
@@ -80,6 +83,7 @@ class ModelRunner:
         self.block_size = cache_config.block_size
         self.max_model_len = scheduler_config.max_model_len
         self.max_num_seqs = scheduler_config.max_num_seqs
+        self.quantization = quantization
         self.model = self._load_model(model_config, weights)
         self.kv_cache = KVCacheTensors.allocate(
             model_config, cache_config, self.dtype, self.device
@@ -106,10 +110,13 @@ class ModelRunner:
     def num_blocks(self) -> int:
         return self.kv_cache.num_blocks
 
-    def _load_model(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> LlamaForCausalLM:
+    def _load_model(self, config: ModelConfig, weights: dict[str, Any]) -> LlamaForCausalLM:
         model = build_model(config, self.max_model_len, select_layer_ops(self.device, self.dtype))
         model.load_weights(weights)
+        if self.quantization is not None:
+            quantize_linears(model.layers, self.quantization)
         model = model.to(device=self.device, dtype=self.dtype)
+        prepare_quantized(model)
         # RoPE tables stay float32 (cast per step) so positions far out stay exact.
         model.rope.float()
         model.eval()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.torch
@@ -23,7 +23,10 @@ import torch
 
 from tokenmill.engine.structured_output.spec import StructuredOutputsParams
 
-_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
 
 class LlguidanceMatcher:

@@ -1,0 +1,30 @@
+"""What weight quantization a model runs with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("int8", "int4", "fp8")
+INT4_GROUP_SIZES = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """int8: symmetric, one scale per output channel. int4: asymmetric groups of
+    `group_size` inputs, a scale and a zero point per group. fp8: e4m3 values, one scale per
+    output channel."""
+
+    method: str
+    group_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"quantization must be one of {', '.join(METHODS)} (got {self.method!r})")
+        if self.method == "int4" and self.group_size not in INT4_GROUP_SIZES:
+            raise ValueError(
+                f"int4 group size must be one of {INT4_GROUP_SIZES} (got {self.group_size})"
+            )
+
+    @classmethod
+    def parse(cls, method: str | None, group_size: int = 32) -> QuantConfig | None:
+        return None if method in (None, "", "none") else cls(str(method), group_size)

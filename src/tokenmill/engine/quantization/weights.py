@@ -1,0 +1,117 @@
+"""Quantized weight tensors: codes and scales, device- and kernel-independent.
+
+For a float weight W [N, K] (N output channels):
+    int8  q = round(W / s) in [-127, 127],  s = max|W[n]| / 127 per row n      W ~ q * s
+    int4  per group of g inputs: s = (max - min) / 15, q = round((W - min) / s) in [0, 15],
+          z = min + 8 s                                                       W ~ (q - 8) s + z
+          (the zero point lives in the float domain, as the packed int4 kernels want it)
+    fp8   q = e4m3(W / s), s = max|W[n]| / 448 per row n                       W ~ q * s
+GGUF's Q4_0 (x = d (q - 8)) and Q4_1 (x = d q + m) blocks of 32 are int4 groups of 32
+already: s = d and z = 0 (Q4_0) or z = m + 8 d (Q4_1), taken over without building W.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.engine.quantization.config import QuantConfig
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+@dataclass
+class QuantizedWeight:
+    method: str
+    qweight: torch.Tensor  # int8 [N, K] (int8, fp8 viewed as uint8) or uint8 [N, K] (int4 codes)
+    scales: torch.Tensor  # float32 [N] (int8, fp8) or [N, K / group_size] (int4)
+    zeros: torch.Tensor | None = None  # float32 [N, K / group_size] (int4)
+    group_size: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.qweight.shape)  # type: ignore[return-value]
+
+    @property
+    def nbytes(self) -> int:
+        codes = self.qweight.numel() // 2 if self.method == "int4" else self.qweight.numel()
+        extra = self.zeros.numel() if self.zeros is not None else 0
+        return codes + 2 * (self.scales.numel() + extra)  # scales and zeros run in bf16
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight these codes stand for."""
+        if self.method == "int8":
+            return self.qweight.float() * self.scales[:, None]
+        if self.method == "fp8":
+            return self.qweight.view(torch.float8_e4m3fn).float() * self.scales[:, None]
+        assert self.zeros is not None
+        g = self.group_size
+        scales = self.scales.repeat_interleave(g, dim=1)
+        zeros = self.zeros.repeat_interleave(g, dim=1)
+        return (self.qweight.float() - 8.0) * scales + zeros
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> QuantizedWeight:
+        """Apply a row permutation (or any row-wise op) to codes and scales alike."""
+        zeros = None if self.zeros is None else fn(self.zeros)
+        scales = fn(self.scales if self.scales.dim() == 2 else self.scales[:, None])
+        if self.scales.dim() == 1:
+            scales = scales[:, 0]
+        return QuantizedWeight(self.method, fn(self.qweight), scales.contiguous(), zeros, self.group_size)
+
+
+def quantize(weight: torch.Tensor, config: QuantConfig) -> QuantizedWeight:
+    """Quantize a float weight [N, K] by `config`."""
+    w = weight.detach().float()
+    if config.method == "int8":
+        scales = (w.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
+        q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        return QuantizedWeight("int8", q, scales)
+    if config.method == "fp8":
+        scales = (w.abs().amax(dim=1) / FP8_MAX).clamp_(min=1e-12)
+        q = (w / scales[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return QuantizedWeight("fp8", q.view(torch.uint8), scales)
+    g = config.group_size
+    n, k = w.shape
+    if k % g:
+        raise ValueError(f"int4 group size {g} does not divide the input size {k}")
+    groups = w.view(n, k // g, g)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
+    scales = ((hi - lo) / 15.0).clamp_(min=1e-12)
+    q = torch.round((groups - lo[..., None]) / scales[..., None]).clamp_(0, 15).to(torch.uint8)
+    return QuantizedWeight("int4", q.view(n, k), scales, lo + 8.0 * scales, g)
+
+
+def cat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
+    """Stack weights along the output dimension (fused q|k|v, gate|up)."""
+    first = parts[0]
+    if any(p.method != first.method or p.group_size != first.group_size for p in parts):
+        raise ValueError("cannot fuse weights quantized differently")
+    zeros = None if first.zeros is None else torch.cat([p.zeros for p in parts if p.zeros is not None])
+    return QuantizedWeight(
+        first.method,
+        torch.cat([p.qweight for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        zeros,
+        first.group_size,
+    )
+
+
+def from_gguf_q4(blocks: torch.Tensor, with_min: bool, shape: tuple[int, int]) -> QuantizedWeight:
+    """GGUF Q4_0 ([d f16][16 bytes]) or Q4_1 ([d f16][m f16][16 bytes]) blocks -> int4 g32."""
+    # blocks: [N * K / 32, 18 or 20] uint8
+    n, k = shape
+    d = blocks[:, 0:2].contiguous().view(torch.float16).float()[:, 0]
+    packed = blocks[:, 4:] if with_min else blocks[:, 2:]
+    codes = torch.empty(blocks.shape[0], 2, 16, dtype=torch.uint8)
+    torch.bitwise_and(packed, 0x0F, out=codes[:, 0])
+    torch.bitwise_right_shift(packed, 4, out=codes[:, 1])
+    zeros = 8.0 * d
+    if with_min:
+        zeros = zeros + blocks[:, 2:4].contiguous().view(torch.float16).float()[:, 0]
+    else:
+        zeros = torch.zeros_like(d)
+    return QuantizedWeight(
+        "int4", codes.view(n, k), d.view(n, k // 32), zeros.view(n, k // 32), 32
+    )
