@@ -12,12 +12,12 @@ from tokenmill.engine.quantization.linear import QuantizedLinear
 from tokenmill.engine.quantization.weights import quantize
 
 
-@pytest.mark.parametrize("method", ["int8", "int4", "fp8"])
-@pytest.mark.parametrize("shape", [(96, 64), (576, 1536)])
-def test_kernel_equals_dequantized_matmul(method, shape) -> None:
+@pytest.mark.parametrize(("method", "group"), [("int8", 0), ("fp8", 0), ("int4", 32), ("int4", 64), ("int4", 128)])
+@pytest.mark.parametrize("shape", [(96, 128), (576, 1536)])
+def test_kernel_equals_dequantized_matmul(method, group, shape) -> None:
     g = torch.Generator().manual_seed(0)
     n, k = shape
-    qw = quantize(torch.randn(n, k, generator=g) * 0.05, QuantConfig(method, 32))
+    qw = quantize(torch.randn(n, k, generator=g) * 0.05, QuantConfig(method, group or 32))
     bias = torch.randn(n, generator=g)
     layer = QuantizedLinear(qw, bias)
     layer.prepare()

@@ -39,12 +39,3 @@ def test_perplexity_within_limit(baseline, method) -> None:
     assert ppl <= LIMITS[method] * base, (method, ppl, base)
     if method == "int4":  # the GGUF's own codes: the same weights, other rounding
         assert abs(ppl / base - 1) < 0.01
-
-
-@pytest.mark.slow
-def test_int4_from_float_with_larger_groups_loads_and_stays_close(baseline) -> None:
-    ids, base = baseline
-    llm = LLM(dtype="bfloat16", quantization="int4", quantization_group_size=128,
-              kv_cache_memory_bytes=1 << 24)
-    assert llm.engine.config.quantization.group_size == 128
-    assert perplexity(llm.engine.runner.model, ids) <= LIMITS["int4"] * base
