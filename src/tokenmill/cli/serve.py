@@ -30,6 +30,13 @@ def register(subparsers: Any) -> None:
     engine.add_argument("--max-num-batched-tokens", type=_positive_int, default=512)
     engine.add_argument("--max-model-len", type=_positive_int, default=None, help="default: the model's context")
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
+    engine.add_argument(
+        "--quantization", default=None, choices=["int8", "int4", "fp8"],
+        help="weight-only quantization of the decoder projections (default: none)",
+    )
+    engine.add_argument(
+        "--quantization-group-size", type=int, default=32, choices=[32, 64, 128], help="int4 group size"
+    )
     server = parser.add_argument_group("server")
     server.add_argument("--max-queue-len", type=_non_negative_int, default=512, help="waiting requests before 429")
     server.add_argument("--max-request-body-bytes", type=_positive_int, default=8 * 1024 * 1024)
@@ -72,6 +79,8 @@ def serve_command(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching,
+            quantization=args.quantization,
+            quantization_group_size=args.quantization_group_size,
         )
         await engine.start()
         return engine
