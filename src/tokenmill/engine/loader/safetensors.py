@@ -27,7 +27,7 @@ from safetensors import safe_open
 
 from tokenmill.engine.config import ModelConfig
 from tokenmill.engine.quantization.config import QuantConfig
-from tokenmill.engine.quantization.weights import QuantizedWeight
+from tokenmill.engine.quantization.weights import QuantizedWeight, unpack_int4
 
 _ARCHITECTURES = ("llama", "mistral", "qwen2")
 _INDEX_FILE = "model.safetensors.index.json"
@@ -197,9 +197,12 @@ def _quantized_weight(name: str, tensors: dict[str, torch.Tensor], scheme: Quant
     if set(tensors) != needed:
         raise ValueError(f"quantized weight {name!r} has parts {sorted(tensors)}, {scheme.method} needs {sorted(needed)}")
     zeros = tensors.get("zeros")
+    codes = tensors["qweight"]
+    if scheme.method == "int4":  # two codes a byte on disk
+        codes = unpack_int4(codes)
     return QuantizedWeight(
         scheme.method,
-        tensors["qweight"],
+        codes,
         tensors["scales"].float(),
         None if zeros is None else zeros.float(),
         scheme.group_size if scheme.method == "int4" else 0,

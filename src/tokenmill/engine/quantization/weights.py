@@ -115,3 +115,16 @@ def from_gguf_q4(blocks: torch.Tensor, with_min: bool, shape: tuple[int, int]) -
     return QuantizedWeight(
         "int4", codes.view(n, k), d.view(n, k // 32), zeros.view(n, k // 32), 32
     )
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes 0..15 [N, K] -> two per byte [N, K / 2]."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_int4."""
+    codes = torch.empty(packed.shape[0], packed.shape[1], 2, dtype=torch.uint8)
+    torch.bitwise_and(packed, 0x0F, out=codes[..., 0])
+    torch.bitwise_right_shift(packed, 4, out=codes[..., 1])
+    return codes.view(packed.shape[0], -1)
