@@ -87,19 +87,20 @@ def _quantize_fp8(w: torch.Tensor) -> QuantizedWeight:
     depends on the scale, and the best of 11 candidates measured +1.7% perplexity on the
     default model against +2.3% for amax / 448 alone."""
     amax = w.abs().amax(dim=1).clamp_(min=1e-12)
-    best_q = best_s = best_err = None
-    for k in torch.linspace(0.8, 1.0, 11).tolist():
+
+    def encode(k: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s = amax / (FP8_MAX * k)
         q = (w / s[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
         err = (q.view(torch.float8_e4m3fn).float() * s[:, None] - w).square_().sum(dim=1)
-        if best_err is None:
-            best_q, best_s, best_err = q, s, err
-            continue
+        return q, s, err
+
+    best_q, best_s, best_err = encode(1.0)
+    for k in torch.linspace(0.8, 1.0, 11)[:-1].tolist():
+        q, s, err = encode(k)
         better = err < best_err
         best_q = torch.where(better[:, None], q, best_q)
         best_s = torch.where(better, s, best_s)
         best_err = torch.minimum(err, best_err)
-    assert best_q is not None and best_s is not None
     return QuantizedWeight("fp8", best_q, best_s)
 
 
