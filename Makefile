@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL ?= smollm2-135m-instruct
 
-.PHONY: install serve test test-fast lint bench clean
+.PHONY: install redis serve test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -15,15 +15,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch; from tokenmill.engine.runner.attention import load_cpu_kernel; from tokenmill.engine.models.layers.fused import select_layer_ops; from tokenmill.engine.structured_output import bitmask; load_cpu_kernel(); select_layer_ops(torch.device('cpu'), torch.float32); bitmask.load_cpu_kernel()"
 	touch $(STAMP)
 
+# The gateway's tests run a real Redis (shared cache and rate limits): Debian's redis-server.
+redis:
+	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+
 serve: install
 	$(BIN)/tokenmill models pull $(MODEL)
 	$(BIN)/tokenmill serve $(MODEL) --host 127.0.0.1 --port 8000
 
-test: install
+test: install redis
 	$(BIN)/tokenmill models pull $(MODEL)
 	$(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: install redis
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: install

@@ -1,0 +1,1 @@
+"""Priority classes, per-class slots and queues, and overload degradation."""

@@ -1,0 +1,1 @@
+"""Replicas, the pools that group them, their circuit breakers and health checks."""

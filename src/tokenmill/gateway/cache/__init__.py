@@ -1,0 +1,1 @@
+"""Exact-match response cache for deterministic requests (memory or Redis)."""

@@ -1,0 +1,1 @@
+"""Data residency and region preference: nearest first, cheapest for batch."""

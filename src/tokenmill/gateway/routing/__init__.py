@@ -1,0 +1,1 @@
+"""Routing policies: which replica of a pool takes a request."""

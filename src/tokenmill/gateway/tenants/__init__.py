@@ -1,0 +1,1 @@
+"""Tenants by hashed API key, and their token-bucket rate limits."""

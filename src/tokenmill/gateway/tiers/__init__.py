@@ -1,0 +1,1 @@
+"""Tiered routing: the `auto` alias, its classifier and the small-then-large cascade."""
