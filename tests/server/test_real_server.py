@@ -8,6 +8,7 @@ malformed input and for the probes and metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import subprocess
@@ -62,6 +63,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--api-key", KEY, "--max-model-len", str(MAX_MODEL_LEN), "--max-queue-len", str(MAX_QUEUE_LEN),
         "--max-request-body-bytes", str(MAX_BODY), "--drain-timeout", "5",
     ]
+    with running_server(cmd, env, port, log) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_server(cmd: list[str], env: dict[str, str], port: int, log: Path) -> Iterator[Server]:
+    """Start `tokenmill serve` (cmd), wait until ready, yield it; on exit SIGTERM it and
+    require a clean exit (its log tail is the failure message)."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +22,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import free_port
-from test_real_server import KEY, MODEL, ROOT, Server, wait_until_ready
+from test_real_server import KEY, MODEL, ROOT, Server, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -101,23 +100,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "tokenmill.cli.main", "serve", MODEL, "--port", str(port), "--api-key", KEY, "--max-model-len", "2048"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        server = wait_until_ready(proc, f"http://127.0.0.1:{port}", log)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    yield server
-    proc.terminate()
-    try:
-        code = proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-    assert code == 0, log.read_text()[-3000:]
+    with running_server(cmd, env, port, log) as server:
+        yield server
 
 
 def assert_valid(text: str | None, schema: dict[str, Any]) -> Any:
