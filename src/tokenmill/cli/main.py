@@ -17,7 +17,13 @@ from collections.abc import Sequence
 
 import tokenmill
 
-COMMAND_GROUPS: tuple[str, ...] = ("tokenmill.cli.models", "tokenmill.cli.serve")
+COMMAND_GROUPS: tuple[str, ...] = (
+    "tokenmill.cli.models",
+    "tokenmill.cli.serve",
+    "tokenmill.cli.bench",
+    "tokenmill.cli.plan",
+    "tokenmill.cli.gateway",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

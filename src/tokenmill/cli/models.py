@@ -1,4 +1,5 @@
-"""`tokenmill models pull NAME` and `tokenmill models list`: the local model store."""
+"""`tokenmill models pull NAME`, `models list` (the local model store), `models export` and
+`models quantize`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,20 @@ def register(subparsers: Any) -> None:
 
     list_parser = commands.add_parser("list", help="list stored models")
     list_parser.set_defaults(handler=list_command)
+
+    export = commands.add_parser("export", help="write a model as an HF transformers directory")
+    export.add_argument("name", help="model id, .gguf file or HF directory")
+    export.add_argument("--format", choices=["hf"], default="hf", help="output format (hf: safetensors + tokenizer)")
+    export.add_argument("--out", required=True, help="output directory")
+    export.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    export.set_defaults(handler=export_command)
+
+    quantize = commands.add_parser("quantize", help="write a weight-quantized checkpoint that loads directly")
+    quantize.add_argument("name", help="model id, .gguf file or HF directory")
+    quantize.add_argument("--to", required=True, choices=["int8", "int4", "fp8"], help="weight scheme")
+    quantize.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128], help="int4 group size")
+    quantize.add_argument("--out", required=True, help="output directory")
+    quantize.set_defaults(handler=quantize_command)
 
 
 def pull_command(args: argparse.Namespace) -> int:
@@ -49,6 +64,42 @@ def list_command(args: argparse.Namespace) -> int:
             + "  "
             + row[3]
         )
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    # torch and the loader only when exporting.
+    from tokenmill.engine.loader.checkpoint import load_checkpoint
+    from tokenmill.engine.loader.hf_export import export_hf
+    from tokenmill.engine.loader.model_store import resolve_model
+
+    try:
+        checkpoint = load_checkpoint(resolve_model(args.name))
+        out = export_hf(checkpoint, args.out, args.dtype)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"{args.name}: exported to {out} ({args.format}, {args.dtype}, {size} bytes)")
+    return 0
+
+
+def quantize_command(args: argparse.Namespace) -> int:
+    from tokenmill.engine.loader.checkpoint import load_checkpoint
+    from tokenmill.engine.loader.model_store import resolve_model
+    from tokenmill.engine.quantization.checkpoint import save_quantized
+    from tokenmill.engine.quantization.config import QuantConfig
+
+    try:
+        config = QuantConfig(args.to, args.group_size)
+        # A GGUF's Q4 blocks become int4 g32 codes as they are, never through floats.
+        keep = config == QuantConfig("int4", 32)
+        out = save_quantized(load_checkpoint(resolve_model(args.name), keep_int4=keep), args.out, config)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"{args.name}: quantized to {out} ({args.to}, {size} bytes)")
     return 0
 
 
