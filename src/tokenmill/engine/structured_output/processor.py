@@ -5,7 +5,11 @@ generated, and how many of them the matcher has consumed. Per step:
 
     apply:  catch every matcher up with its row's new tokens, fill the packed bitmask of
             all constrained rows in one backend call, apply it in one op (-inf elsewhere)
-    finished_rows: rows whose grammar has terminated (the request stops, "stop")
+    finished_rows: rows whose grammar has terminated (the request stops, "stop"); then,
+            every matcher standing at the next step's position, that step's bitmask fill
+            starts on a worker thread and runs while the model computes the next forward
+            (as vLLM and SGLang overlap it with the GPU). apply() uses it when the rows are
+            unchanged, and refills otherwise; nothing touches a matcher while it runs.
     failed_rows:   rows that produced a token their grammar refuses (cannot happen through
                    the mask; reported, never passed off as valid output)
 
@@ -16,6 +20,7 @@ matcher, so its state is rebuilt rather than carried over.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +33,7 @@ from tokenmill.engine.structured_output.compiler import GrammarCompiler
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)  # rows compare by identity (a prefetch is for these very rows)
 class _Row:
     matcher: Matcher
     output_token_ids: list[int]
@@ -44,10 +49,17 @@ class StructuredOutputProcessor:
         self.compiler = compiler
         self._rows: dict[int, _Row] = {}
         self._bitmask = allocate_bitmask(8, context.vocab_size)
+        # The next step's masks, filled on a worker thread while the model runs: the rows
+        # they were filled for, and the fill in flight.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenmill-mask")
+        self._prefetched: list[tuple[int, _Row]] | None = None
+        self._prefetch: Future[None] | None = None
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
             return
+        self._join()  # the fill in flight reads the matchers about to change hands
+        self._prefetched = None
         self._rows = batch_update.remap(self._rows)
         for added in batch_update.added:
             spec = added.params.structured_outputs
@@ -60,27 +72,51 @@ class StructuredOutputProcessor:
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         # logits: [batch, vocab] float32
         self._catch_up()
-        live = [(i, row) for i, row in self._rows.items() if not row.failed]
+        live = self._live()
         if not live:
             return logits
-        if self._bitmask.shape[0] < len(live):
-            self._bitmask = allocate_bitmask(max(len(live), 2 * self._bitmask.shape[0]), self.context.vocab_size)
-        bitmask = self._bitmask[: len(live)]
-        self.compiler.backend.fill_bitmask([(row.matcher, k) for k, (_, row) in enumerate(live)], bitmask)
+        self._join()
+        if self._prefetched != live:
+            self._fill(live)  # rows changed since the prefetch (or none ran)
+        self._prefetched = None
         rows = torch.tensor([i for i, _ in live], dtype=torch.int64)
-        apply_token_bitmask_(logits, bitmask, rows)
+        apply_token_bitmask_(logits, self._bitmask[: len(live)], rows)
         return logits
 
     def finished_rows(self) -> list[int]:
         self._catch_up()
-        return [i for i, row in self._rows.items() if not row.failed and row.matcher.is_terminated()]
+        finished = [i for i, row in self._rows.items() if not row.failed and row.matcher.is_terminated()]
+        # Every matcher is now at the next step's position: fill its masks meanwhile.
+        live = [(i, row) for i, row in self._live() if i not in finished]
+        if live:
+            self._prefetched = live
+            self._prefetch = self._pool.submit(self._fill, live)
+        return finished
 
     def failed_rows(self) -> list[int]:
         return [i for i, row in self._rows.items() if row.failed]
 
+    def _live(self) -> list[tuple[int, _Row]]:
+        return [(i, row) for i, row in self._rows.items() if not row.failed]
+
+    def _fill(self, live: list[tuple[int, _Row]]) -> None:
+        if self._bitmask.shape[0] < len(live):
+            self._bitmask = allocate_bitmask(max(len(live), 2 * self._bitmask.shape[0]), self.context.vocab_size)
+        bitmask = self._bitmask[: len(live)]
+        self.compiler.backend.fill_bitmask([(row.matcher, k) for k, (_, row) in enumerate(live)], bitmask)
+
+    def _join(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.result()
+            self._prefetch = None
+
     def _catch_up(self) -> None:
         """Feed every matcher the tokens its row produced since; rows one token behind
         (every decoding row, each step) go to the backend as one batch."""
+        pending = [r for r in self._rows.values() if not r.failed and r.consumed < len(r.output_token_ids)]
+        if pending:
+            self._join()  # a fill in flight must not see a matcher move
+            self._prefetched = None  # and a finished one is stale
         while True:
             pending = [r for r in self._rows.values() if not r.failed and r.consumed < len(r.output_token_ids)]
             if not pending:
