@@ -39,6 +39,8 @@ class _Row:
     output_token_ids: list[int]
     consumed: int = 0
     failed: bool = False
+    # The matcher's is_terminated(), as of its last consumed token.
+    terminated: bool = False
 
 
 class StructuredOutputProcessor:
@@ -85,9 +87,9 @@ class StructuredOutputProcessor:
 
     def finished_rows(self) -> list[int]:
         self._catch_up()
-        finished = [i for i, row in self._rows.items() if not row.failed and row.matcher.is_terminated()]
+        finished = [i for i, row in self._rows.items() if row.terminated and not row.failed]
         # Every matcher is now at the next step's position: fill its masks meanwhile.
-        live = [(i, row) for i, row in self._live() if i not in finished]
+        live = [(i, row) for i, row in self._rows.items() if not row.failed and not row.terminated]
         if live:
             self._prefetched = live
             self._prefetch = self._pool.submit(self._fill, live)
@@ -114,23 +116,24 @@ class StructuredOutputProcessor:
         """Feed every matcher the tokens its row produced since; rows one token behind
         (every decoding row, each step) go to the backend as one batch."""
         pending = [r for r in self._rows.values() if not r.failed and r.consumed < len(r.output_token_ids)]
-        if pending:
-            self._join()  # a fill in flight must not see a matcher move
-            self._prefetched = None  # and a finished one is stale
-        while True:
-            pending = [r for r in self._rows.values() if not r.failed and r.consumed < len(r.output_token_ids)]
-            if not pending:
-                return
+        if not pending:
+            return
+        self._join()  # a fill in flight must not see a matcher move
+        self._prefetched = None  # and a finished one is stale
+        while pending:
             for row in pending:
-                if row.matcher.is_terminated():  # EOS after the grammar's end: nothing to match
+                if row.terminated:  # EOS after the grammar's end: nothing left to match
                     row.consumed = len(row.output_token_ids)
             pending = [r for r in pending if r.consumed < len(r.output_token_ids)]
             if not pending:
                 return
             tokens = [r.output_token_ids[r.consumed] for r in pending]
-            accepted = self.compiler.backend.accept_tokens([(r.matcher, t) for r, t in zip(pending, tokens, strict=True)])
+            accepted = self.compiler.backend.accept_tokens(list(zip([r.matcher for r in pending], tokens, strict=True)))
             for row, token, ok in zip(pending, tokens, accepted, strict=True):
                 row.consumed += 1
-                if not ok:
+                if ok:
+                    row.terminated = row.matcher.is_terminated()
+                else:
                     logger.error("a constrained request produced token %d its grammar refuses", token)
                     row.failed = True
+            pending = [r for r in pending if not r.failed and r.consumed < len(r.output_token_ids)]
