@@ -159,6 +159,9 @@ def test_request_body_and_api_root() -> None:
     assert request_body("completions", "m", chat_only, SamplingOptions())["prompt"] == "user: q\n\nassistant:"
     with pytest.raises(ValueError, match="endpoint"):
         request_body("embeddings", "m", ids_only, SamplingOptions())
+    fmt = {"type": "json_object"}
+    extra = request_body("completions", "m", ids_only, SamplingOptions(extra_body=(("response_format", fmt), ("temperature", 1.0))))
+    assert extra["response_format"] == fmt and extra["temperature"] == 1.0  # merged last
 
 
 def test_wait_until_serving_retries_5xx_and_times_out_with_the_reason() -> None:

@@ -104,3 +104,13 @@ def test_bad_arguments(args: list[str], message: str, capsys: pytest.CaptureFixt
     code = main(["bench", "serve", "--model", "no-such-model", "--no-progress", *args])
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["[1]", "{not json"])
+def test_extra_body_must_be_a_json_object(text: str) -> None:
+    from tokenmill.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "serve", "--model", "m", "--extra-body", text])
+    args = build_parser().parse_args(["bench", "serve", "--model", "m", "--extra-body", '{"response_format": {"type": "json_object"}}'])
+    assert args.extra_body == {"response_format": {"type": "json_object"}}

@@ -64,6 +64,8 @@ class SamplingOptions:
     temperature: float = 0.0
     # vLLM's (and tokenmill's) extension: generate exactly max_tokens. Sent only when set.
     ignore_eos: bool = False
+    # Merged into every request body last (--extra-body): response_format, tools, ...
+    extra_body: tuple[tuple[str, Any], ...] = ()
 
 
 def api_root(base_url: str) -> str:
@@ -90,6 +92,7 @@ def request_body(
         raise ValueError(f"endpoint must be one of {sorted(ENDPOINTS)}, got {endpoint!r}")
     if options.ignore_eos:
         body["ignore_eos"] = True
+    body.update(dict(options.extra_body))
     return body
 
 

@@ -60,6 +60,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     workload.add_argument("--seed", type=int, default=0)
     workload.add_argument("--ignore-eos", action="store_true", help="generate exactly max_tokens (vLLM extension)")
     workload.add_argument("--temperature", type=float, default=0.0)
+    workload.add_argument(
+        "--extra-body", type=_json_object, default={},
+        help='JSON object merged into every request, e.g. \'{"response_format": {"type": "json_object"}}\'',
+    )
     load = parser.add_argument_group("load")
     load.add_argument(
         "--concurrency", type=_positive_int, default=None,
@@ -114,7 +118,9 @@ def serve_command(args: argparse.Namespace) -> int:
         model=args.model,
         endpoint=args.endpoint,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        options=SamplingOptions(temperature=args.temperature, ignore_eos=args.ignore_eos),
+        options=SamplingOptions(
+            temperature=args.temperature, ignore_eos=args.ignore_eos, extra_body=tuple(args.extra_body.items())
+        ),
         timeout_s=args.request_timeout,
     )
     reports: list[tuple[str, dict[str, Any]]] = []
@@ -226,3 +232,13 @@ def _positive_float(text: str) -> float:
 
 def _rate(text: str) -> float:
     return math.inf if text.strip().lower() == "inf" else _positive_float(text)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
