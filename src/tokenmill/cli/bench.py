@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tokenmill.cli.argtypes import non_negative_int, positive_int
+
 API_KEY_ENV = "OPENAI_API_KEY"
 
 
@@ -47,16 +49,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--output-len", default=None,
         help="max_tokens: N or LOW:HIGH (default 128; ShareGPT: the recorded reply's length)",
     )
-    workload.add_argument("--num-system-prompts", type=_positive_int, default=4, help="multi-turn (default 4)")
-    workload.add_argument("--system-prompt-len", type=_positive_int, default=512, help="multi-turn, words (default 512)")
-    workload.add_argument("--num-turns", type=_positive_int, default=4, help="multi-turn (default 4)")
-    workload.add_argument("--turn-len", type=_positive_int, default=32, help="multi-turn words per message (default 32)")
+    workload.add_argument("--num-system-prompts", type=positive_int, default=4, help="multi-turn (default 4)")
+    workload.add_argument("--system-prompt-len", type=positive_int, default=512, help="multi-turn, words (default 512)")
+    workload.add_argument("--num-turns", type=positive_int, default=4, help="multi-turn (default 4)")
+    workload.add_argument("--turn-len", type=positive_int, default=32, help="multi-turn words per message (default 32)")
     workload.add_argument(
         "--tokenizer", default=None,
         help="tokenizer.json, HF dir, .gguf or stored model id (default: --model when it is one)",
     )
-    workload.add_argument("--num-prompts", type=_positive_int, default=64, help="measured requests (default 64)")
-    workload.add_argument("--num-warmups", type=_non_negative_int, default=2, help="unmeasured requests first (default 2)")
+    workload.add_argument("--num-prompts", type=positive_int, default=64, help="measured requests (default 64)")
+    workload.add_argument("--num-warmups", type=non_negative_int, default=2, help="unmeasured requests first (default 2)")
     workload.add_argument("--seed", type=int, default=0)
     workload.add_argument("--ignore-eos", action="store_true", help="generate exactly max_tokens (vLLM extension)")
     workload.add_argument("--temperature", type=float, default=0.0)
@@ -66,7 +68,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     load = parser.add_argument_group("load")
     load.add_argument(
-        "--concurrency", type=_positive_int, default=None,
+        "--concurrency", type=positive_int, default=None,
         help="closed loop: requests in flight (default 1); with --request-rate: the cap",
     )
     load.add_argument("--request-rate", type=_rate, default=None, help="open loop: mean req/s (or inf)")
@@ -207,20 +209,6 @@ def _fixed_length(text: str) -> int:
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def _positive_float(text: str) -> float:

@@ -6,13 +6,15 @@ import argparse
 import sys
 from typing import Any
 
+from tokenmill.cli.argtypes import port
+
 
 def register(subparsers: Any) -> None:
     """Add the `gateway` command to the top-level parser's subparsers."""
     parser = subparsers.add_parser("gateway", help="route OpenAI-compatible traffic across a fleet of replicas")
     parser.add_argument("--config", required=True, help="fleet file (YAML or JSON; see docs/gateway.md)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8080, help="port (default 8080)")
+    parser.add_argument("--port", type=port, default=8080, help="port (default 8080)")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(handler=gateway_command)
@@ -54,10 +56,3 @@ def gateway_command(args: argparse.Namespace) -> int:
 
     uvloop.run(serve())
     return 0
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port in [0, 65535], got {value}")
-    return value

@@ -6,6 +6,8 @@ import argparse
 import os
 from typing import Any
 
+from tokenmill.cli.argtypes import non_negative_int, port, positive_int
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 API_KEY_ENV = "TOKENMILL_API_KEY"
 
@@ -15,7 +17,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"model id or path (default {DEFAULT_MODEL})")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    parser.add_argument("--port", type=port, default=8000, help="port (default 8000)")
     parser.add_argument(
         "--api-key",
         default=None,
@@ -25,10 +27,10 @@ def register(subparsers: Any) -> None:
     engine = parser.add_argument_group("engine")
     engine.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     engine.add_argument("--device", default="cpu")
-    engine.add_argument("--kv-cache-memory-bytes", type=_positive_int, default=1 << 30)
-    engine.add_argument("--max-num-seqs", type=_positive_int, default=64)
-    engine.add_argument("--max-num-batched-tokens", type=_positive_int, default=512)
-    engine.add_argument("--max-model-len", type=_positive_int, default=None, help="default: the model's context")
+    engine.add_argument("--kv-cache-memory-bytes", type=positive_int, default=1 << 30)
+    engine.add_argument("--max-num-seqs", type=positive_int, default=64)
+    engine.add_argument("--max-num-batched-tokens", type=positive_int, default=512)
+    engine.add_argument("--max-model-len", type=positive_int, default=None, help="default: the model's context")
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
     engine.add_argument(
         "--quantization", default=None, choices=["int8", "int4", "fp8"],
@@ -38,8 +40,8 @@ def register(subparsers: Any) -> None:
         "--quantization-group-size", type=int, default=32, choices=[32, 64, 128], help="int4 group size"
     )
     server = parser.add_argument_group("server")
-    server.add_argument("--max-queue-len", type=_non_negative_int, default=512, help="waiting requests before 429")
-    server.add_argument("--max-request-body-bytes", type=_positive_int, default=8 * 1024 * 1024)
+    server.add_argument("--max-queue-len", type=non_negative_int, default=512, help="waiting requests before 429")
+    server.add_argument("--max-request-body-bytes", type=positive_int, default=8 * 1024 * 1024)
     server.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
     server.add_argument(
         "--health-stall-timeout", type=float, default=60.0, help="seconds without a step (with work) before /health fails"
@@ -89,24 +91,3 @@ def serve_command(args: argparse.Namespace) -> int:
     return run(
         app, args.host, args.port, load_engine=load_engine, drain_timeout_s=args.drain_timeout, log_level=args.log_level
     )
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port in [0, 65535], got {value}")
-    return value
