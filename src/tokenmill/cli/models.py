@@ -92,9 +92,8 @@ def quantize_command(args: argparse.Namespace) -> int:
 
     try:
         config = QuantConfig(args.to, args.group_size)
-        # A GGUF's Q4 blocks become int4 g32 codes as they are, never through floats.
-        keep = config == QuantConfig("int4", 32)
-        out = save_quantized(load_checkpoint(resolve_model(args.name), keep_int4=keep), args.out, config)
+        checkpoint = load_checkpoint(resolve_model(args.name), keep_int4=config.takes_gguf_int4)
+        out = save_quantized(checkpoint, args.out, config)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -51,8 +51,7 @@ class EngineArgs:
     def create_engine(self) -> tuple[EngineCore, Tokenizer]:
         quantization = QuantConfig.parse(self.quantization, self.quantization_group_size)
         path = resolve_model(self.model)
-        keep_int4 = quantization is not None and quantization.method == "int4" and quantization.group_size == 32
-        checkpoint = load_checkpoint(path, keep_int4=keep_int4)
+        checkpoint = load_checkpoint(path, keep_int4=quantization is not None and quantization.takes_gguf_int4)
         stored = checkpoint.quantization
         if stored is not None and quantization is not None and stored != quantization:
             raise ValueError(

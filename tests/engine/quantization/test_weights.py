@@ -75,3 +75,9 @@ def test_fused_rows_and_permutation() -> None:
     assert torch.equal(i8.map_rows(lambda t: t.flip(0)).dequantize(), i8.dequantize().flip(0))
     with pytest.raises(ValueError, match="quantized differently"):
         cat_rows([a, i8])
+
+
+def test_only_int4_groups_of_32_take_gguf_blocks_over() -> None:
+    assert QuantConfig("int4", 32).takes_gguf_int4
+    assert not QuantConfig("int4", 64).takes_gguf_int4
+    assert not QuantConfig("int8").takes_gguf_int4

@@ -25,6 +25,12 @@ class QuantConfig:
                 f"int4 group size must be one of {INT4_GROUP_SIZES} (got {self.group_size})"
             )
 
+    @property
+    def takes_gguf_int4(self) -> bool:
+        """GGUF Q4_0/Q4_1 blocks are int4 groups of 32: this scheme takes them over as they
+        are (load_checkpoint(keep_int4=True)) instead of requantizing float weights."""
+        return self.method == "int4" and self.group_size == 32
+
     @classmethod
     def parse(cls, method: str | None, group_size: int = 32) -> QuantConfig | None:
         return None if method in (None, "", "none") else cls(str(method), group_size)
