@@ -5,9 +5,11 @@ Three scenarios, each on processes this script starts on free localhost ports an
 1. `prefix`: three `tokenmill serve` replicas (OMP_NUM_THREADS=1 each) behind a gateway with
    round-robin, then behind one with prefix-aware routing, on the same shared-system-prompt
    workload (NUM_APPS system prompts, each followed by several short user turns, sent by
-   `--prefix-concurrency` clients; each policy gets fresh prompts so neither warms the other).
-   Reports the fleet's prefix-cache hit rate (hits / queries summed over the replicas'
-   /metrics) and median TTFT (streamed, first content chunk) per policy.
+   `--prefix-concurrency` clients; each policy gets fresh prompts so neither warms the other,
+   and every replica serves two unrelated prompts first, so the first policy does not pay
+   the replicas' first-request costs). Reports the fleet's prefix-cache hit rate (hits /
+   queries summed over the replicas' /metrics) and median TTFT (streamed, first content
+   chunk) per policy.
 2. `overhead`: a stub backend that answers after `--stub-delay-s`, hit directly and through
    the gateway at concurrency 64, in `--rounds` alternating rounds; reports each round's
    median and p99 of both, and the median over rounds of the differences.
@@ -90,6 +92,15 @@ def start_replicas(tmp: Path, num: int) -> list[tuple[str, Proc]]:
     return replicas
 
 
+def warm_up(urls: list[str]) -> None:
+    """Two requests straight to each replica, with prompts that share nothing with the workload."""
+    for url in urls:
+        for i in range(2):
+            content = f"warm-up {uuid.uuid4().hex} {i}. " + "Nothing here is reused later. " * 24
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+            httpx.post(url + CHAT, json=body, timeout=120).raise_for_status()
+
+
 def fleet_counters(urls: list[str]) -> tuple[float, float]:
     queries = hits = 0.0
     for url in urls:
@@ -138,6 +149,7 @@ def prefix_scenario(tmp: Path, concurrency: int) -> dict[str, Any]:
     out: dict[str, Any] = {"num_replicas": 3, "apps": NUM_APPS, "turns_per_app": TURNS_PER_APP,
                            "concurrency": concurrency}
     try:
+        warm_up(urls)
         for policy in ("round_robin", "prefix_aware"):
             gw = GatewayProc(tmp, gateway_config(backends, policy), name=policy)
             try:

@@ -49,6 +49,7 @@ def test_documented_example_is_valid() -> None:
 def test_defaults() -> None:
     config = parse_config(minimal())
     assert config.pools[0].policy == "prefix_aware"
+    assert (config.pools[0].load_factor, config.pools[0].load_slack) == (1.25, 2)
     assert config.pools[0].backends[0].kind == "tokenmill"
     assert config.gateway.retries_before_first_byte == 1
     assert sorted(config.priorities.classes) == ["batch", "interactive"]
@@ -63,6 +64,8 @@ def test_defaults() -> None:
      "fleet.yaml: pools[0].model: unknown model 'nope'; models are ['m']"),
     ({"pools": [{"name": "p", "model": "m", "region": "mars"}]},
      "fleet.yaml: pools[0].region: unknown region 'mars'; regions are ['eu']"),
+    ({"pools": [{"name": "p", "model": "m", "region": "eu", "load_slack": -1}]},
+     "fleet.yaml: pools[0].load_slack: Input should be greater than or equal to 0"),
     ({"pools": [{"name": "p", "model": "m", "region": "eu", "bakends": []}]},
      "fleet.yaml: pools[0].bakends: Extra inputs are not permitted"),
     ({"tenants": [{"name": "t", "residency": ["us"]}]},

@@ -107,6 +107,9 @@ def test_slots_spill_over_to_the_next_pool_then_the_body_carries_salt_and_priori
     plan = router.plan(tenant, "/v1/chat/completions", chat("hi", priority=-5, cache_salt="mine"), {})
     body = json.loads(plan.body_for(pools[0].backends[0], 0))
     assert body["priority"] == 0 and body["cache_salt"] == f"{tenant.cache_salt}:mine"
+    # The routing key is scoped the same way, so prefix-aware routing groups what may share cache.
+    assert plan.key.cache_scope == f"{tenant.cache_salt}:mine"
+    assert router.plan(tenant, "/v1/chat/completions", chat("hi"), {}).key.cache_scope == tenant.cache_salt
 
 
 def test_all_allowed_down_is_503_or_a_downgrade_never_another_zone() -> None:

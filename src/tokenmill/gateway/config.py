@@ -106,8 +106,11 @@ class PoolConfig(_Frozen):
     max_cost_tokens: PositiveInt | None = None
     # prefix_aware: characters of the prompt that form the routing key.
     prefix_chars: PositiveInt = 256
-    # prefix_aware / session_affinity: a replica takes at most this factor above the mean load.
+    # prefix_aware / session_affinity: a replica keeps its keys' requests until it carries
+    # more than both load_factor times the mean in-flight load and load_slack requests above
+    # it; then they overflow to the next replica on the ring (routing/hash_ring.py says why).
     load_factor: Annotated[float, Field(ge=1.0)] = 1.25
+    load_slack: Annotated[int, Field(ge=0)] = 2
     # session_affinity: the header that names the session.
     session_header: str = "x-session-id"
     backends: list[BackendConfig] = []

@@ -69,6 +69,12 @@ def prompt_text(payload: Mapping[str, Any]) -> str:
     return json.dumps(value)
 
 
+def cache_salt(tenant: Tenant, payload: Mapping[str, Any]) -> str:
+    """The tenant's salt, narrowed by the request's own `cache_salt`: what may share prefix cache."""
+    salt = payload.get("cache_salt")
+    return tenant.cache_salt + (f":{salt}" if isinstance(salt, str) and salt else "")
+
+
 @dataclass
 class Plan:
     tenant: Tenant
@@ -101,8 +107,7 @@ class Plan:
         body["model"] = self.model.upstream
         if backend.accepts_extensions:
             body["priority"] = engine_priority
-            salt = self.payload.get("cache_salt")
-            body["cache_salt"] = self.tenant.cache_salt + (f":{salt}" if isinstance(salt, str) and salt else "")
+            body["cache_salt"] = cache_salt(self.tenant, self.payload)
         return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -160,7 +165,8 @@ class Router:
             regions = self.prices.cheapest_first(regions, time.gmtime(self._wall_clock()).tm_hour)
         plan = Plan(
             tenant=tenant, path=path, payload=dict(payload), requested_model=requested, model=model, tier=tier,
-            cls=cls, key=RouteKey(text, headers, num_tokens), num_tokens=num_tokens, regions=regions,
+            cls=cls, key=RouteKey(text, headers, num_tokens, cache_salt(tenant, payload)),
+            num_tokens=num_tokens, regions=regions,
             pools=self.pools_for(model, regions, num_tokens),
         )
         self._degrade(plan)

@@ -3,7 +3,8 @@
 Candidates arrive already filtered (routable, with room for the request's class) and in
 the pool's order; a policy returns one of them, or None to say none fits. `RouteKey` is
 everything a policy may look at: the prompt's leading text, the headers (session id), the request's
-estimated tokens.
+estimated tokens, and the cache scope (requests of different scopes never share prefix-cache
+entries, so sharing a prompt does not make them worth co-locating).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class RouteKey:
     # Request headers, names lower-cased (session affinity reads its header).
     headers: Mapping[str, str] = field(default_factory=dict)
     num_tokens: int = 0
+    # The cache_salt the replica will get (the tenant's, plus the request's own).
+    cache_scope: str = ""
 
 
 class RoutingPolicy(Protocol):
@@ -42,6 +45,8 @@ def make_policy(config: PoolConfig) -> RoutingPolicy:
     if config.policy == "least_load":
         return LeastLoad()
     if config.policy == "prefix_aware":
-        return PrefixAware(prefix_chars=config.prefix_chars, load_factor=config.load_factor)
+        return PrefixAware(prefix_chars=config.prefix_chars, load_factor=config.load_factor,
+                           load_slack=config.load_slack)
     assert config.policy == "session_affinity", config.policy
-    return SessionAffinity(header=config.session_header, load_factor=config.load_factor)
+    return SessionAffinity(header=config.session_header, load_factor=config.load_factor,
+                           load_slack=config.load_slack)

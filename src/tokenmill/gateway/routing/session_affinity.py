@@ -19,9 +19,11 @@ from tokenmill.gateway.routing.policy import RouteKey
 class SessionAffinity:
     name = "session_affinity"
 
-    def __init__(self, header: str = "x-session-id", load_factor: float = 1.25) -> None:
+    def __init__(
+        self, header: str = "x-session-id", load_factor: float = 1.25, load_slack: int = 2
+    ) -> None:
         self.header = header.lower()
-        self._ring = BoundedRing(load_factor)
+        self._ring = BoundedRing(load_factor, load_slack)
         self._fallback = LeastLoad()
 
     def choose(self, candidates: Sequence[Backend], key: RouteKey) -> Backend | None:
