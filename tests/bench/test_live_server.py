@@ -48,7 +48,8 @@ def test_random_workload_counts_are_exact(
     assert all(r["output_tokens"] == 8 and r["num_chunks"] == 8 for r in report["requests"])
     if endpoint == "completions":
         assert report["total_input_tokens"] == 8 * 12  # token-id prompts, exactly
-        assert [c.prompt for c in fake_engine.calls] == [r.prompt for r in requests]
+        # 4 in flight: the server may see them in any order.
+        assert sorted(c.prompt for c in fake_engine.calls) == sorted(r.prompt for r in requests)
     else:  # chat: the server's template wraps the text; usage reports what it tokenized
         assert all(r["prompt_tokens"] > 12 for r in report["requests"])
     assert all(c.params.ignore_eos and c.params.max_tokens == 8 for c in fake_engine.calls)
