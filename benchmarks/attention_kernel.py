@@ -11,11 +11,15 @@ Per case and dtype:
   contiguous  SDPA on K/V already laid out contiguously: no paging, no gather, no cache
               write, the lower bound a paged cache is measured against
 
+--kv-cache-dtype fp8|int8 stores the paged caches as one-byte codes with per-block scales
+(the kernel and the fallback dequantize as they read, write_kv quantizes); the contiguous
+baseline stays in the query dtype.
+
 Caches of several layers are rotated so each timed call reads K/V from memory as a real
 step does, not from a cache level warmed by the previous call. The machine is shared: only
 ratios within one run mean much.
 
-    PYTHONPATH=src python benchmarks/attention_kernel.py [--quick]
+    PYTHONPATH=src python benchmarks/attention_kernel.py [--quick] [--kv-cache-dtype fp8]
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.engine.runner.attention import AttentionMetadata, PagedAttention
+from tokenmill.engine.runner.kv_cache_tensors import resolve_kv_cache_dtype
+from tokenmill.engine.runner.kv_quantization import is_quantized, write_quantized
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 NUM_LAYER_COPIES = 6
@@ -53,8 +59,11 @@ def time_ms(fn: Callable[[int], object], reps: int) -> float:
     return min(samples)
 
 
-def build_case(requests: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0):
-    """Caches for NUM_LAYER_COPIES layers, shuffled block ids, and one step's inputs."""
+def build_case(
+    requests: list[tuple[int, int]], dtype: torch.dtype, seed: int = 0, cache_dtype: torch.dtype | None = None
+):
+    """Caches for NUM_LAYER_COPIES layers (k, v, scales or None), shuffled block ids, and one
+    step's inputs."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_req = [-(-seq // BLOCK_SIZE) for seq, _ in requests]
     num_blocks = sum(blocks_per_req)
@@ -71,7 +80,7 @@ def build_case(requests: list[tuple[int, int]], dtype: torch.dtype, seed: int = 
         qsl.append(qsl[-1] + n)
     shape = (num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
     caches = [
-        (torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
+        _cache(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), cache_dtype or dtype)
         for _ in range(NUM_LAYER_COPIES)
     ]
     num_tokens = qsl[-1]
@@ -89,15 +98,31 @@ def build_case(requests: list[tuple[int, int]], dtype: torch.dtype, seed: int = 
     return q, k, v, caches, md
 
 
+def _cache(k: torch.Tensor, v: torch.Tensor, cache_dtype: torch.dtype):
+    if not is_quantized(cache_dtype):
+        return k.to(cache_dtype), v.to(cache_dtype), None
+    codes = torch.zeros(k.shape, dtype=cache_dtype), torch.zeros(v.shape, dtype=cache_dtype)
+    scales = torch.zeros(k.shape[:2]), torch.zeros(k.shape[:2])
+    blocks = torch.arange(k.shape[0]).repeat_interleave(BLOCK_SIZE)
+    offsets = torch.arange(BLOCK_SIZE).repeat(k.shape[0])
+    for x, c, s in zip((k, v), codes, scales, strict=True):
+        write_quantized(x.transpose(1, 2).reshape(-1, k.shape[1], k.shape[3]), c, s, blocks, offsets)
+    return codes[0], codes[1], scales
+
+
 def paged_ms(
-    attn: PagedAttention, requests: list[tuple[int, int]], dtype: torch.dtype, reps: int
+    attn: PagedAttention,
+    requests: list[tuple[int, int]],
+    dtype: torch.dtype,
+    reps: int,
+    cache_dtype: torch.dtype | None = None,
 ) -> float:
-    q, k, v, caches, md = build_case(requests, dtype)
+    q, k, v, caches, md = build_case(requests, dtype, cache_dtype=cache_dtype)
 
     def step(i: int) -> None:
-        k_cache, v_cache = caches[i % len(caches)]
-        attn.write_kv(k, v, k_cache, v_cache, md)
-        attn.forward(q, k_cache, v_cache, md)
+        k_cache, v_cache, scales = caches[i % len(caches)]
+        attn.write_kv(k, v, k_cache, v_cache, md, scales)
+        attn.forward(q, k_cache, v_cache, md, scales)
 
     return time_ms(step, reps)
 
@@ -141,6 +166,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "int8"])
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -150,14 +177,16 @@ def main() -> None:
     torch.set_grad_enabled(False)
     for dtype in (torch.bfloat16, torch.float32):
         name = str(dtype).removeprefix("torch.")
+        cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, dtype)
         for batch in (1, 8, 32, 64):
             reps = 20 if args.quick else 100
             requests = [(384, 1)] * batch
             row = {
                 "case": f"decode_b{batch}_ctx384",
                 "dtype": name,
-                "kernel_ms": paged_ms(kernel, requests, dtype, reps),
-                "fallback_ms": paged_ms(fallback, requests, dtype, reps),
+                "kv_cache_dtype": str(cache_dtype).removeprefix("torch."),
+                "kernel_ms": paged_ms(kernel, requests, dtype, reps, cache_dtype),
+                "fallback_ms": paged_ms(fallback, requests, dtype, reps, cache_dtype),
                 "contiguous_sdpa_ms": contiguous_decode_ms(batch, 384, dtype, reps),
             }
             rows.append(row)
@@ -168,8 +197,9 @@ def main() -> None:
             row = {
                 "case": f"prefill_{n}",
                 "dtype": name,
-                "kernel_ms": paged_ms(kernel, requests, dtype, reps),
-                "fallback_ms": paged_ms(fallback, requests, dtype, reps),
+                "kv_cache_dtype": str(cache_dtype).removeprefix("torch."),
+                "kernel_ms": paged_ms(kernel, requests, dtype, reps, cache_dtype),
+                "fallback_ms": paged_ms(fallback, requests, dtype, reps, cache_dtype),
                 "contiguous_sdpa_ms": contiguous_prefill_ms(n, dtype, reps),
             }
             rows.append(row)
@@ -177,8 +207,8 @@ def main() -> None:
     for row in rows:
         row["kernel_vs_contiguous"] = round(row["kernel_ms"] / row["contiguous_sdpa_ms"], 3)
         row["fallback_vs_kernel"] = round(row["fallback_ms"] / row["kernel_ms"], 3)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
         json.dumps(
             {
                 "shape": {
@@ -197,12 +227,12 @@ def main() -> None:
         )
         + "\n"
     )
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.out}")
 
 
 def _fmt(row: dict) -> str:
     return (
-        f"{row['case']:>20} {row['dtype']:>8}  kernel {row['kernel_ms']:8.3f}  "
+        f"{row['case']:>20} {row['dtype']:>8} kv {row['kv_cache_dtype']:>13}  kernel {row['kernel_ms']:8.3f}  "
         f"fallback {row['fallback_ms']:8.3f}  contiguous {row['contiguous_sdpa_ms']:8.3f}"
     )
 

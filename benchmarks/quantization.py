@@ -1,8 +1,12 @@
-"""Weight quantization on the default model: memory, quality, speed, against bf16.
+"""Weight and KV-cache quantization on the default model: memory, quality, speed, vs bf16.
 
-For each scheme (bf16, int8, int4 from the GGUF's own Q4 codes, fp8):
+For each weight scheme (bf16, int8, int4 from the GGUF's own Q4 codes, fp8), and each KV
+scheme (--kv-schemes: fp8 and int8 K/V blocks, with bf16 weights):
   - weight bytes (codes, scales, the bf16 embedding and LM head) and KV tokens per GiB,
-  - perplexity on the first --eval-tokens tokens of the pydoc topics (quality.py),
+  - perplexity on the first --eval-tokens tokens of the pydoc topics (quality.py): without
+    a KV cache ("perplexity", what weight schemes change) and through the engine's paged
+    cache with chunked prefill ("cached_perplexity", what KV schemes change; bf16 and the
+    KV schemes only),
   - greedy agreement with bf16 on a fixed prompt set (--agree-tokens tokens each),
   - batch-1 decode step (median) and batch-32 decode throughput, as offline_throughput.py
     measures them (256-token random prompts, --output-len tokens).
@@ -24,7 +28,12 @@ from offline_throughput import run_batch
 
 from tokenmill.engine.engine_args import DEFAULT_MODEL, EngineArgs
 from tokenmill.engine.quantization.apply import weight_bytes
-from tokenmill.engine.quantization.quality import evaluation_text, greedy_agreement, perplexity
+from tokenmill.engine.quantization.quality import (
+    cached_perplexity,
+    evaluation_text,
+    greedy_agreement,
+    perplexity,
+)
 from tokenmill.engine.request import Request, SamplingParams
 from tokenmill.engine.runner.kv_cache_tensors import bytes_per_block
 
@@ -56,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--schemes", nargs="+", default=["bf16", "int8", "int4", "fp8"])
+    parser.add_argument("--kv-schemes", nargs="*", default=["fp8", "int8"])
     parser.add_argument("--eval-tokens", type=int, default=20_000)
     parser.add_argument("--agree-tokens", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
@@ -63,21 +73,25 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     reference: list[list[int]] | None = None
-    for scheme in args.schemes:
+    runs = [(scheme, "auto") for scheme in args.schemes] + [("bf16", kv) for kv in args.kv_schemes]
+    for scheme, kv_dtype in runs:
         quantization = None if scheme == "bf16" else scheme
         engine, tokenizer = EngineArgs(model=args.model, dtype="bfloat16", quantization=quantization,
-                                       max_num_seqs=32, kv_cache_memory_bytes=1 << 30).create_engine()
+                                       max_num_seqs=32, kv_cache_memory_bytes=1 << 30,
+                                       enable_prefix_caching=False, kv_cache_dtype=kv_dtype).create_engine()
         model = engine.runner.model
         ids = tokenizer.encode(evaluation_text())[: args.eval_tokens]
         outputs = greedy(engine, tokenizer, args.agree_tokens)
         reference = reference or outputs
         c = engine.config
-        per_block = bytes_per_block(c.model, c.cache.block_size, engine.runner.dtype)
+        per_block = bytes_per_block(c.model, c.cache.block_size, engine.runner.dtype, kv_dtype)
         row = {
-            "scheme": scheme,
+            "scheme": scheme if kv_dtype == "auto" else f"kv-{kv_dtype}",
+            "kv_cache_dtype": kv_dtype,
             "weight_bytes": weight_bytes(model),
             "kv_tokens_per_gib": (1 << 30) // per_block * c.cache.block_size,
-            "perplexity": perplexity(model, ids),
+            "perplexity": perplexity(model, ids) if kv_dtype == "auto" else None,
+            "cached_perplexity": cached_perplexity(engine, ids) if scheme == "bf16" else None,
             "greedy_agreement": greedy_agreement(reference, outputs),
             "batch1": run_batch(engine, 1, 256, args.output_len, 0),
             "batch32": run_batch(engine, 32, 256, args.output_len, 0),
@@ -87,8 +101,13 @@ def main() -> None:
               "b1 step {:.1f} ms, b32 {:.0f} tok/s".format(row["batch1"]["decode_step_ms_median"], row["batch32"]["decode_tok_per_s"]))
     base = rows[0]
     for row in rows[1:]:
+        if row["kv_cache_dtype"] == "auto":
+            quality = f"perplexity {row['perplexity'] / base['perplexity'] - 1:+.2%}"
+        else:
+            quality = (f"KV tokens/GiB {row['kv_tokens_per_gib'] / base['kv_tokens_per_gib']:.3f}x, cached "
+                       f"perplexity {row['cached_perplexity'] / base['cached_perplexity'] - 1:+.2%}")
         print(f"{row['scheme']}: weights {row['weight_bytes'] / base['weight_bytes']:.2f}x, "
-              f"perplexity {row['perplexity'] / base['perplexity'] - 1:+.1%}, agreement {row['greedy_agreement']:.1%}, "
+              f"{quality}, agreement {row['greedy_agreement']:.1%}, "
               f"b1 step {base['batch1']['decode_step_ms_median'] / row['batch1']['decode_step_ms_median']:.2f}x faster, "
               f"b32 {row['batch32']['decode_tok_per_s'] / base['batch32']['decode_tok_per_s']:.2f}x throughput")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -40,3 +40,16 @@ def test_all_flags() -> None:
 def test_bad_flags_exit(flags: list[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", *flags])
+
+
+@pytest.mark.parametrize("value", ["auto", "fp8", "int8"])
+def test_kv_cache_dtype_flag(value: str) -> None:
+    assert build_parser().parse_args(["serve"]).kv_cache_dtype == "auto"
+    assert build_parser().parse_args(["serve", "--kv-cache-dtype", value]).kv_cache_dtype == value
+
+
+@pytest.mark.parametrize("value", ["fp16", "bf16", "int4", "FP8"])
+def test_bad_kv_cache_dtype_exits(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--kv-cache-dtype", value])
+    assert "invalid choice" in capsys.readouterr().err

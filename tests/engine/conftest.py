@@ -62,6 +62,13 @@ def tiny_model_weights() -> dict[str, torch.Tensor]:
     return tiny_weights()
 
 
+@pytest.fixture(scope="session")
+def deep_tiny_model() -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """TINY with 4 layers (room for a 1-3 layer self-draft)."""
+    config = dataclasses.replace(TINY, num_layers=4)
+    return config, tiny_weights(config, seed=3)
+
+
 # A byte-level vocabulary for the constrained-decoding tests: token b < 256 is byte b
 # (spelled as GPT-2's byte alphabet), 256 is the end-of-sequence token.
 BYTE_EOS = 256
@@ -111,7 +118,9 @@ def make_byte_core(byte_model):
 
     config, weights, tokenizer = byte_model
 
-    def make(*, num_blocks: int = 256, max_num_seqs: int = 16, max_batched: int = 256, **kwargs):
+    def make(
+        *, num_blocks: int = 256, max_num_seqs: int = 16, max_batched: int = 256, speculative=None, **kwargs
+    ):
         return EngineCore(
             EngineConfig(
                 model=config,
@@ -123,6 +132,7 @@ def make_byte_core(byte_model):
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched, max_model_len=512
                 ),
                 device=DeviceConfig(dtype="float32"),
+                speculative=speculative,
             ),
             weights,
             tokenizer,

@@ -86,7 +86,7 @@ class FakeRunner:
             token = forced.pop(0) if forced else next_token(state.token_ids)
             state.token_ids.append(token)
             result.req_ids.append(req_id)
-            result.sampled_token_ids.append(token)
+            result.sampled_token_ids.append([token])
         return result
 
 
@@ -523,7 +523,7 @@ def test_sampled_logprobs_become_position_dicts() -> None:
     out = sched.schedule()
     runner_output = ModelRunnerOutput(
         req_ids=["want", "plain"],
-        sampled_token_ids=[7, 8],
+        sampled_token_ids=[[7], [8]],
         logprobs=LogprobsTensors(
             token_ids=torch.tensor([[7, 3, 7], [8, 8, 1]]),
             logprobs=torch.tensor([[-1.5, -0.5, -1.5], [-0.1, -0.1, -3.0]]),
@@ -565,13 +565,13 @@ def test_prompt_logprobs_chunked_none_first_and_no_repeats() -> None:
     out = sched.schedule()
     (o,) = sched.update(
         out,
-        ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[3], prompt_logprobs={"a": rows([5])}),
+        ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[[3]], prompt_logprobs={"a": rows([5])}),
     )
     assert o.new_prompt_logprobs == [{15: Logprob(-5.0, 5)}]
     assert o.new_token_ids == [3]
     # A decode: every prompt position was sent already.
     out = sched.schedule()
-    (o,) = sched.update(out, ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[4]))
+    (o,) = sched.update(out, ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[[4]]))
     assert o.new_prompt_logprobs is None
     assert o.finish_reason == FinishReason.LENGTH
 
@@ -588,20 +588,20 @@ def test_prompt_logprobs_are_not_repeated_after_preemption() -> None:
     out = sched.schedule()
     (o,) = sched.update(
         out,
-        ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[5], prompt_logprobs={"a": prompt_rows}),
+        ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[[5]], prompt_logprobs={"a": prompt_rows}),
     )
     assert o.new_prompt_logprobs == [None, {11: Logprob(-1.0, 1)}, {12: Logprob(-2.0, 1)}]
     # Force a preemption by a better-priority request that needs the only seat.
     sched.add_request(make_request("vip", 2, max_tokens=1, priority=-1))
     out = sched.schedule()
     assert out.finished_req_ids == {"a"}
-    sched.update(out, ModelRunnerOutput(req_ids=["vip"], sampled_token_ids=[1]))
+    sched.update(out, ModelRunnerOutput(req_ids=["vip"], sampled_token_ids=[[1]]))
     out = sched.schedule()
     assert out.new_reqs[0].token_ids == [10, 11, 12, 5]
     assert out.new_reqs[0].num_computed_tokens == 0  # prompt logprobs skip the cache
     (o,) = sched.update(
         out,
-        ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[6], prompt_logprobs={"a": prompt_rows}),
+        ModelRunnerOutput(req_ids=["a"], sampled_token_ids=[[6]], prompt_logprobs={"a": prompt_rows}),
     )
     assert o.new_prompt_logprobs is None
     assert o.new_token_ids == [6]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def positive_int(text: str) -> int:
@@ -24,3 +25,13 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port in [0, 65535], got {value}")
     return value
+
+
+def speculative_config(text: str) -> Any:
+    """A --speculative-config JSON object, validated (a SpeculativeConfig)."""
+    from tokenmill.engine.spec_decode.config import SpeculativeConfig
+
+    try:
+        return SpeculativeConfig.parse(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -6,7 +6,8 @@ import argparse
 import os
 from typing import Any
 
-from tokenmill.cli.argtypes import non_negative_int, port, positive_int
+from tokenmill.cli.argtypes import non_negative_int, port, positive_int, speculative_config
+from tokenmill.engine.config import KV_CACHE_DTYPES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 API_KEY_ENV = "TOKENMILL_API_KEY"
@@ -33,11 +34,21 @@ def register(subparsers: Any) -> None:
     engine.add_argument("--max-model-len", type=positive_int, default=None, help="default: the model's context")
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix cache")
     engine.add_argument(
+        "--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+        help="K/V block storage: auto (the model's dtype), fp8 or int8 (one byte per element, "
+        "~2x the tokens per budget)",
+    )
+    engine.add_argument(
         "--quantization", default=None, choices=["int8", "int4", "fp8"],
         help="weight-only quantization of the decoder projections (default: none)",
     )
     engine.add_argument(
         "--quantization-group-size", type=int, default=32, choices=[32, 64, 128], help="int4 group size"
+    )
+    engine.add_argument(
+        "--speculative-config", type=speculative_config, default=None, metavar="JSON",
+        help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+        '\'{"method": "draft", "model": "self", "num_layers": 8}\' (default: off)',
     )
     server = parser.add_argument_group("server")
     server.add_argument("--max-queue-len", type=non_negative_int, default=512, help="waiting requests before 429")
@@ -81,8 +92,10 @@ def serve_command(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
             quantization=args.quantization,
             quantization_group_size=args.quantization_group_size,
+            speculative=args.speculative_config,
         )
         await engine.start()
         return engine

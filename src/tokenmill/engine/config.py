@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tokenmill.engine.quantization.config import QuantConfig
+from tokenmill.engine.spec_decode.config import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class ModelConfig:
                 raise ValueError(f"{name} must be positive")
 
 
+# "auto" stores K/V in the model's dtype; the others in one byte per element.
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The paged KV cache."""
@@ -50,12 +55,19 @@ class CacheConfig:
     kv_cache_memory_bytes: int = 1 << 30
     # Share full prompt blocks across requests by content hash.
     enable_prefix_caching: bool = True
+    # Element type of the K/V blocks: "auto" (the model's dtype), or one byte per element,
+    # "fp8" (e4m3) or "int8", with per-block-per-head scales (runner/kv_quantization.py).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size}")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -109,3 +121,5 @@ class EngineConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     # Weight-only quantization of the decoder projections; None: the model's dtype.
     quantization: QuantConfig | None = None
+    # Speculative decoding; None: off.
+    speculative: SpeculativeConfig | None = None

@@ -14,13 +14,15 @@ from typing import Any
 
 import torch
 
-from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.config import EngineConfig, ModelConfig
 from tokenmill.engine.loader.tokenizer import Tokenizer
 from tokenmill.engine.logits.registry import registered_processors
 from tokenmill.engine.outputs import EngineCoreOutput
 from tokenmill.engine.request import Request, RequestStatus, SamplingParams
 from tokenmill.engine.runner.model_runner import ModelRunner
 from tokenmill.engine.scheduler import Scheduler
+from tokenmill.engine.spec_decode.config import SpeculativeConfig
+from tokenmill.engine.spec_decode.policy import SpecDecodePolicy
 from tokenmill.engine.stats import SchedulerStats
 from tokenmill.engine.structured_output.compiler import GrammarCompiler
 from tokenmill.engine.structured_output.llguidance_backend import LlguidanceBackend
@@ -35,10 +37,12 @@ class EngineCore:
         weights: dict[str, torch.Tensor],
         tokenizer: Tokenizer | None = None,
         logits_processors: dict[str, type[Any]] | None = None,
+        draft: tuple[ModelConfig, dict[str, torch.Tensor]] | None = None,
     ) -> None:
         """`tokenizer` enables structured outputs (grammars are compiled against its
         vocabulary); `logits_processors` (name -> class) defaults to the installed
-        `tokenmill.logits_processors` entry points."""
+        `tokenmill.logits_processors` entry points; `draft` is the config and weights of
+        a separate draft model (config.speculative names it)."""
         self.config = config
         self.grammar_compiler: GrammarCompiler | None = None
         if tokenizer is not None:
@@ -51,7 +55,7 @@ class EngineCore:
         self.runner = ModelRunner(
             config.model, weights, config.cache, config.scheduler, config.device,
             logits_processors=logits_processors, grammar_compiler=self.grammar_compiler,
-            quantization=config.quantization,
+            quantization=config.quantization, speculative=config.speculative, draft=draft,
         )
         self.runner.warm_up()
         capacity = self.runner.num_blocks * config.cache.block_size
@@ -64,8 +68,25 @@ class EngineCore:
                 config, scheduler=dataclasses.replace(config.scheduler, max_model_len=capacity)
             )
             self.config = config
-        self.scheduler = Scheduler(config.scheduler, config.cache, self.runner.num_blocks)
+        self.scheduler = Scheduler(
+            config.scheduler, config.cache, self.runner.num_blocks,
+            spec_policy=self._spec_policy(config.speculative),
+            spec_lookahead=config.speculative is not None and config.speculative.method == "draft",
+        )
         self.last_step_time: float | None = None
+
+    def _spec_policy(self, spec: SpeculativeConfig | None) -> SpecDecodePolicy | None:
+        """The speculation policy, on this machine's forward costs (measured now)."""
+        if spec is None:
+            return None
+        cost = draft_cost = None
+        if spec.adaptive:
+            cost, draft_cost = self.runner.measure_step_costs(spec.num_speculative_tokens)
+            logger.info(
+                "speculative decoding (%s): forward %.1f ms at 1 token, %.1f ms at %d tokens",
+                spec.method, 1e3 * cost(1), 1e3 * cost(cost.tokens[-1]), cost.tokens[-1],
+            )
+        return SpecDecodePolicy(spec.num_speculative_tokens, cost, draft_cost, spec.adaptive)
 
     def add_request(self, request: Request) -> None:
         """Queue a request. Raises ValueError at once for one that can never be served."""
@@ -121,6 +142,13 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.runner.execute_model(scheduler_output)
+        policy = self.scheduler.spec_policy
+        if policy is not None and runner_output.forward_seconds is not None:
+            proposer = self.runner.proposer
+            policy.observe(
+                scheduler_output.total_num_scheduled_tokens, runner_output.forward_seconds,
+                proposer.drain_timings() if proposer is not None else (),
+            )
         outputs = self.scheduler.update(scheduler_output, runner_output)
         self.last_step_time = time.monotonic()
         return outputs

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from tokenmill.engine.config import (
     CacheConfig,
     DeviceConfig,
     EngineConfig,
+    ModelConfig,
     SchedulerConfig,
 )
 from tokenmill.engine.core import EngineCore
@@ -21,6 +23,7 @@ from tokenmill.engine.loader.checkpoint import load_checkpoint
 from tokenmill.engine.loader.model_store import resolve_model
 from tokenmill.engine.loader.tokenizer import Tokenizer
 from tokenmill.engine.quantization.config import QuantConfig
+from tokenmill.engine.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +50,22 @@ class EngineArgs:
     # int4 group size: 32, 64 or 128. A GGUF's Q4_0/Q4_1 blocks are taken over as they are
     # for int4 with groups of 32.
     quantization_group_size: int = 32
+    # K/V block storage: "auto" (the model's dtype), "fp8" (e4m3) or "int8", one byte per
+    # element with per-block scales: the same kv_cache_memory_bytes holds ~2x the tokens.
+    kv_cache_dtype: str = "auto"
+    # Speculative decoding: a SpeculativeConfig, its dict or JSON (see engine/spec_decode).
+    speculative: SpeculativeConfig | dict[str, Any] | str | None = None
 
     def create_engine(self) -> tuple[EngineCore, Tokenizer]:
+        # Refuse bad cache settings before the (slow) checkpoint load.
+        cache = CacheConfig(
+            block_size=self.block_size,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            enable_prefix_caching=self.enable_prefix_caching,
+            kv_cache_dtype=self.kv_cache_dtype,
+        )
         quantization = QuantConfig.parse(self.quantization, self.quantization_group_size)
+        speculative = SpeculativeConfig.parse(self.speculative)
         path = resolve_model(self.model)
         checkpoint = load_checkpoint(path, keep_int4=quantization is not None and quantization.takes_gguf_int4)
         stored = checkpoint.quantization
@@ -72,11 +88,7 @@ class EngineArgs:
             max_batched = max(max_batched, max_model_len)
         config = EngineConfig(
             model=model_config,
-            cache=CacheConfig(
-                block_size=self.block_size,
-                kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-                enable_prefix_caching=self.enable_prefix_caching,
-            ),
+            cache=cache,
             scheduler=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=max_batched,
@@ -85,10 +97,29 @@ class EngineArgs:
             ),
             device=DeviceConfig(device=self.device, dtype=self.dtype, num_threads=self.num_threads),
             quantization=quantization,
+            speculative=speculative,
         )
-        engine = EngineCore(config, checkpoint.weights, checkpoint.tokenizer)
+        draft = _load_draft(speculative, checkpoint.tokenizer)
+        engine = EngineCore(config, checkpoint.weights, checkpoint.tokenizer, draft=draft)
         logger.info(
-            "engine ready: %s, dtype %s, %d KV blocks of %d tokens",
+            "engine ready: %s, dtype %s, %d KV blocks of %d tokens (%s)",
             path, engine.runner.dtype, engine.runner.num_blocks, self.block_size,
+            engine.runner.kv_cache.dtype,
         )
         return engine, checkpoint.tokenizer
+
+
+def _load_draft(
+    speculative: SpeculativeConfig | None, tokenizer: Tokenizer
+) -> tuple[ModelConfig, dict[str, Any]] | None:
+    """A separate draft model's config and weights; it must share the target's tokenizer."""
+    if speculative is None or speculative.method != "draft" or speculative.is_self_draft:
+        return None
+    assert speculative.model is not None
+    draft = load_checkpoint(resolve_model(speculative.model))
+    if draft.tokenizer.backend.get_vocab() != tokenizer.backend.get_vocab():
+        raise ValueError(
+            f"the draft model {speculative.model!r} does not share the target's tokenizer "
+            "(their vocabularies differ)"
+        )
+    return draft.config, draft.weights

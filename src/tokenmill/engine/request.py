@@ -197,6 +197,8 @@ class Request:
         # Prompt tokens served from the prefix cache at first scheduling.
         self.num_cached_tokens = 0
         self.num_preemptions = 0
+        # Draft tokens proposed for the next step (speculative decoding); not yet tokens.
+        self.spec_token_ids: list[int] = []
         self.stop_reason: int | str | None = None
         # Timestamps for metrics (monotonic seconds); None until they happen.
         self.first_scheduled_time: float | None = None

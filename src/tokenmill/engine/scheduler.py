@@ -25,6 +25,16 @@ Each step, under a budget of `max_num_batched_tokens` tokens and `max_num_seqs` 
    strict: the first one that does not fit stops admission (no overtaking). Skipped in a
    step that preempted in phase 2 (the cache is under pressure).
 
+Speculative decoding (when a SpecDecodePolicy is given): a decoding request may carry
+draft tokens the runner proposed after the previous step (`request.spec_token_ids`). Phase
+2 schedules `1 + d` tokens for it, where the policy picks d per request from its acceptance
+and the step's measured cost (d = 0: no speculation this step), never more drafts than
+max_tokens or max_model_len leave room for. The drafts travel in `spec_token_ids`, and
+`num_spec_to_propose` tells the runner how many to propose for the next step (a draft
+model also gets that many lookahead slots to write its K/V in). `update` takes the tokens
+the runner accepted (accepted drafts, then the one token the target sampled after them),
+rolls `num_computed_tokens` back over the rejected drafts and gives their blocks back.
+
 The runner hears about requests as diffs (SchedulerOutput): new or resumed requests whole,
 running ones as appended block ids; finished, aborted and preempted ones in
 `finished_req_ids` of the next output. `update` applies the runner's sampled tokens,
@@ -34,6 +44,7 @@ checks stop conditions and frees finished requests' blocks at once.
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -43,9 +54,14 @@ from tokenmill.engine.outputs import EngineCoreOutput, Logprob, PositionLogprobs
 from tokenmill.engine.request import Request, RequestStatus
 from tokenmill.engine.runner.output import LogprobsTensors, ModelRunnerOutput
 from tokenmill.engine.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from tokenmill.engine.spec_decode.policy import SpecDecodePolicy
 from tokenmill.engine.stats import SchedulerStats
 
+logger = logging.getLogger(__name__)
+
 _QueueKey = tuple[int, float, int]
+# The speculation plan's stand-in for a request admitted this step.
+_NEW = "\0new"
 
 
 class _RequestQueue:
@@ -76,9 +92,18 @@ class _RequestQueue:
 
 class Scheduler:
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        spec_policy: SpecDecodePolicy | None = None,
+        spec_lookahead: bool = False,
     ) -> None:
+        """`spec_policy` enables speculative decoding; `spec_lookahead` reserves slots for
+        the proposer's own K/V writes (a draft model; n-gram writes none)."""
         self.config = scheduler_config
+        self.spec_policy = spec_policy
+        self.spec_lookahead = spec_lookahead
         self.block_size = cache_config.block_size
         self.kv_cache = KVCacheManager(
             num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
@@ -99,6 +124,13 @@ class Scheduler:
         self._num_generation_tokens = 0
         self._num_steps = 0
         self._num_scheduled_tokens = 0
+        # Speculative decoding counters: drafts verified, drafts accepted, and how many
+        # verifications accepted 0, 1, ... k drafts.
+        self._num_draft_tokens = 0
+        self._num_accepted_tokens = 0
+        self._acceptance_lengths: list[int] = []
+        # req_id -> drafts to propose after this step (also its lookahead slots).
+        self._num_to_propose: dict[str, int] = {}
 
     # ----------------------------------------------------------------- requests in and out
 
@@ -179,9 +211,17 @@ class Scheduler:
         output = SchedulerOutput(finished_req_ids=self._finished_req_ids)
         self._finished_req_ids = set()
         self._preempt_for_priority(output)
-        token_budget, preempted = self._schedule_running(output, self.config.max_num_batched_tokens)
+        drafts = self._plan_speculation()
+        token_budget, preempted = self._schedule_running(
+            output, self.config.max_num_batched_tokens, drafts
+        )
         if not preempted:
             self._schedule_waiting(output, token_budget)
+        if self.spec_policy is not None:
+            fresh = self._num_to_propose.get(_NEW, 0)
+            output.num_spec_to_propose = {
+                r: n for r in output.num_scheduled_tokens if (n := self._num_to_propose.get(r, fresh))
+            }
         output.total_num_scheduled_tokens = sum(output.num_scheduled_tokens.values())
         self._num_scheduled_tokens = output.total_num_scheduled_tokens
         return output
@@ -208,8 +248,60 @@ class Scheduler:
             num_needed += self.kv_cache.num_blocks_to_allocate(running, min(num_missing, budget))
         return num_needed <= self.kv_cache.num_free_blocks
 
-    def _schedule_running(self, output: SchedulerOutput, token_budget: int) -> tuple[int, bool]:
-        """Give running requests their missing tokens; returns (budget left, preempted)."""
+    def _plan_speculation(self) -> dict[str, int]:
+        """Drafts each running request verifies this step (req_id -> count), and, kept in
+        `_num_to_propose`, how many each scheduled request proposes for the next step."""
+        policy = self.spec_policy
+        if policy is None:
+            return {}
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        num_sampling = max(len(decoding), 1)
+        num_tokens = sum(r.num_tokens - r.num_computed_tokens for r in self.running) or 1
+        policy.step([r.request_id for r in decoding])
+        available = {r.request_id: self._max_drafts(r, len(r.spec_token_ids)) for r in decoding}
+        drafts = policy.plan(available, num_tokens, num_sampling)
+        if logger.isEnabledFor(logging.DEBUG) and available:
+            logger.debug(
+                "speculation: %d tokens, drafts available %s, verified %s, alpha %s",
+                num_tokens, available, drafts, {r: round(policy.alpha(r), 2) for r in available},
+            )
+        # Next step's proposals: what the policy would verify then with k drafts in hand,
+        # every running request decoding. A request admitted now joins them as a fresh
+        # one. A proposer without a model (n-gram) costs nothing to ask: it proposes all k
+        # whenever the request would speculate at all, and the next plan picks.
+        k = policy.max_tokens
+        batch = max(len(self.running), 1)
+        proposals = policy.plan({r.request_id: k for r in self.running}, batch, batch)
+        fresh = policy.plan({_NEW: k}, len(self.running) + 1, len(self.running) + 1)
+        proposals[_NEW] = fresh.get(_NEW, 0)
+        if not self.spec_lookahead:
+            proposals = {r: k for r, n in proposals.items() if n > 0}
+        self._num_to_propose = {r.request_id: proposals.get(r.request_id, 0) for r in self.running}
+        self._num_to_propose[_NEW] = proposals.get(_NEW, 0)
+        return drafts
+
+    def _max_drafts(self, request: Request, num_drafts: int) -> int:
+        """Drafts a decoding request may verify: accepting them all plus the bonus token
+        must stay within max_tokens and max_model_len."""
+        room = self.config.max_model_len - request.num_tokens - 1
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - request.num_output_tokens - 1)
+        return max(0, min(num_drafts, room))
+
+    def _lookahead(self, request: Request, num_new: int) -> int:
+        """Slots to reserve past the scheduled tokens for the proposer's K/V writes."""
+        if not self.spec_lookahead:
+            return 0
+        n = self._num_to_propose.get(request.request_id)
+        n = self._num_to_propose.get(_NEW, 0) if n is None else n
+        return max(0, min(n, self.config.max_model_len - request.num_computed_tokens - num_new))
+
+    def _schedule_running(
+        self, output: SchedulerOutput, token_budget: int, drafts: dict[str, int]
+    ) -> tuple[int, bool]:
+        """Give running requests their missing tokens (and the drafts planned for them);
+        returns (budget left, preempted)."""
         preempted = False
         index = 0
         while index < len(self.running) and token_budget > 0:
@@ -220,7 +312,12 @@ class Scheduler:
             if num_new <= 0:
                 index += 1
                 continue
-            new_blocks = self.kv_cache.allocate_slots(request, num_new)
+            num_drafts = min(drafts.get(request.request_id, 0), token_budget - num_new)
+            request.spec_token_ids = request.spec_token_ids[:num_drafts]
+            num_new += num_drafts
+            num_kept = self.kv_cache.num_blocks_of(request.request_id)
+            lookahead = self._lookahead(request, num_new)
+            new_blocks = self.kv_cache.allocate_slots(request, num_new, None, lookahead)
             while new_blocks is None:
                 # running[-1] sorts after `request`, so it was not scheduled this step.
                 victim = self.running[-1]
@@ -228,14 +325,16 @@ class Scheduler:
                 preempted = True
                 if victim is request:
                     break
-                new_blocks = self.kv_cache.allocate_slots(request, num_new)
+                new_blocks = self.kv_cache.allocate_slots(request, num_new, None, lookahead)
             if new_blocks is None:
                 break
             output.cached_reqs.append(
                 CachedRequestData(
-                    request.request_id, new_blocks.block_ids, request.num_computed_tokens
+                    request.request_id, new_blocks.block_ids, request.num_computed_tokens, num_kept
                 )
             )
+            if num_drafts:
+                output.spec_token_ids[request.request_id] = list(request.spec_token_ids)
             output.num_scheduled_tokens[request.request_id] = num_new
             token_budget -= num_new
             index += 1
@@ -251,7 +350,8 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill:
                     return
                 num_new = token_budget
-            if self.kv_cache.allocate_slots(request, num_new, computed) is None:
+            lookahead = self._lookahead(request, num_hit + num_new)
+            if self.kv_cache.allocate_slots(request, num_new, computed, lookahead) is None:
                 return
             self.waiting.pop()
             self._start_running(request, num_hit)
@@ -283,6 +383,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         self.kv_cache.free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self._num_preemptions += 1
         self.waiting.add(request)
@@ -297,34 +398,55 @@ class Scheduler:
         self._num_steps += 1
         rows = {req_id: row for row, req_id in enumerate(runner_output.req_ids)}
         sampled_logprobs = _LogprobRows(runner_output.logprobs)
+        # Logprob rows are flattened over the requests' sampled tokens, in order.
+        sampled_logprobs_offsets = [0]
+        for tokens in runner_output.sampled_token_ids:
+            sampled_logprobs_offsets.append(sampled_logprobs_offsets[-1] + len(tokens))
         outputs: list[EngineCoreOutput] = []
         for req_id, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # finished or aborted while the step ran
             start = request.num_computed_tokens
+            num_drafts = len(scheduler_output.spec_token_ids.get(req_id, ()))
             request.num_computed_tokens += num_scheduled
             new_token_ids: list[int] = []
             new_logprobs: list[PositionLogprobs] | None = None
             grammar_ended = False
             row = rows.get(req_id)
-            caught_up = request.num_computed_tokens == request.num_tokens
+            caught_up = request.num_computed_tokens == request.num_tokens + num_drafts
             assert caught_up == (row is not None), (
                 f"{req_id}: a request samples exactly when it has computed all its tokens"
             )
             if row is not None:
-                new_token_ids = [runner_output.sampled_token_ids[row]]
-                self._append_token(request, new_token_ids[0])
+                sampled = runner_output.sampled_token_ids[row]
+                num_accepted = len(sampled) - 1
+                assert 0 <= num_accepted <= num_drafts, (req_id, sampled, num_drafts)
+                if num_drafts:
+                    # The rejected drafts' K/V is garbage: uncompute it, give its blocks back.
+                    request.num_computed_tokens -= num_drafts - num_accepted
+                    self._record_acceptance(req_id, num_drafts, num_accepted)
+                request.spec_token_ids = []
+                new_token_ids = self._take_tokens(request, sampled)
                 k = request.sampling_params.logprobs
                 if k is not None:
-                    new_logprobs = [sampled_logprobs.position(row, k)]
-                if req_id in runner_output.stopped_req_ids:
+                    first_row = sampled_logprobs_offsets[row]
+                    new_logprobs = [
+                        sampled_logprobs.position(first_row + i, k) for i in range(len(new_token_ids))
+                    ]
+                if request.is_finished:
+                    pass  # a stop token or max_tokens among the accepted drafts
+                elif req_id in runner_output.stopped_req_ids:
                     request.status = RequestStatus.FINISHED_STOPPED  # its grammar ended
-                    grammar_ended = new_token_ids[0] not in request.eos_token_ids
+                    grammar_ended = new_token_ids[-1] not in request.eos_token_ids
                 elif req_id in runner_output.failed_req_ids:
                     request.status = RequestStatus.FINISHED_ABORTED
                 else:
                     self._check_stop(request)
+                if not request.is_finished:
+                    if num_drafts:
+                        self.kv_cache.truncate(request, request.num_tokens)
+                    request.spec_token_ids = runner_output.spec_token_ids.get(req_id, [])
             prompt_logprobs = self._take_prompt_logprobs(
                 request, start, runner_output.prompt_logprobs.get(req_id)
             )
@@ -345,6 +467,27 @@ class Scheduler:
             if request.is_finished:
                 self._free_finished(request)
         return outputs
+
+    def _take_tokens(self, request: Request, sampled: list[int]) -> list[int]:
+        """Append a step's tokens, stopping early at a stop condition met before the last
+        one (the last is checked by the caller, who knows about grammar ends)."""
+        for i, token_id in enumerate(sampled):
+            self._append_token(request, token_id)
+            if i < len(sampled) - 1:
+                self._check_stop(request)
+                if request.is_finished:
+                    return sampled[: i + 1]
+        return sampled
+
+    def _record_acceptance(self, req_id: str, num_drafts: int, num_accepted: int) -> None:
+        assert self.spec_policy is not None
+        self.spec_policy.record(req_id, num_drafts, num_accepted)
+        self._num_draft_tokens += num_drafts
+        self._num_accepted_tokens += num_accepted
+        lengths = self._acceptance_lengths
+        if len(lengths) <= num_accepted:
+            lengths.extend([0] * (num_accepted + 1 - len(lengths)))
+        lengths[num_accepted] += 1
 
     def _append_token(self, request: Request, token_id: int) -> None:
         if request.num_output_tokens == 0:
@@ -416,6 +559,9 @@ class Scheduler:
         del self.requests[req_id]
         del self._insertion_order[req_id]
         self._num_prompt_logprobs_sent.pop(req_id, None)
+        self._num_to_propose.pop(req_id, None)
+        if self.spec_policy is not None:
+            self.spec_policy.remove(req_id)
         self._finished_req_ids.add(req_id)
 
     # ------------------------------------------------------------------------------- stats
@@ -434,6 +580,9 @@ class Scheduler:
             num_generation_tokens=self._num_generation_tokens,
             num_steps=self._num_steps,
             num_scheduled_tokens=self._num_scheduled_tokens,
+            spec_decode_num_draft_tokens=self._num_draft_tokens,
+            spec_decode_num_accepted_tokens=self._num_accepted_tokens,
+            spec_decode_acceptance_lengths=tuple(self._acceptance_lengths),
         )
 
     def _queue_key(self, request: Request) -> _QueueKey:

@@ -34,6 +34,9 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
+    # Blocks of the request kept before new_block_ids (fewer than the runner holds when
+    # rejected speculative tokens' blocks were given back).
+    num_kept_blocks: int
 
 
 @dataclass
@@ -46,6 +49,11 @@ class SchedulerOutput:
     # Requests the runner must drop before this step: finished, aborted or preempted
     # since the previous step.
     finished_req_ids: set[str] = field(default_factory=set)
+    # Speculative decoding. req_id -> draft tokens verified this step: they follow the
+    # request's last token and count in num_scheduled_tokens (1 + drafts for a decode).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # req_id -> how many drafts to propose after this step (for the next one).
+    num_spec_to_propose: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

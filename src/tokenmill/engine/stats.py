@@ -21,6 +21,11 @@ class SchedulerStats:
     num_steps: int = 0
     # This step.
     num_scheduled_tokens: int = 0
+    # Speculative decoding, since the engine started: drafts verified and accepted, and
+    # how many verifications accepted 0, 1, 2, ... drafts.
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_acceptance_lengths: tuple[int, ...] = ()
 
     @property
     def kv_cache_usage(self) -> float:

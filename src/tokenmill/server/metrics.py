@@ -8,6 +8,8 @@ Dashboards and autoscalers written for vLLM work with a prefix change. Two sourc
 - per-request latencies, observed by the server when a request ends, from the engine's
   RequestMetrics timestamps (falling back to the server's own stream timing), plus the
   inter-token gaps the server sees between consecutive outputs of a request;
+- speculative decoding: drafts verified and accepted, and the acceptance-length histogram,
+  from the engine's counters at scrape time;
 - structured outputs: constrained requests by kind and constrained outputs that ended
   "stop" yet fail the server's re-check (see constraints.py), counted by the server; and
   grammar compile times, drained from the engine at scrape time into a histogram (the
@@ -28,7 +30,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from tokenmill.engine.outputs import RequestMetrics
@@ -82,11 +89,29 @@ class _EngineStatsCollector(Collector):
             ("num_preemptions", "Cumulative number of preemptions.", stats.num_preemptions),
             ("prompt_tokens", "Prefill tokens processed.", stats.num_prompt_tokens),
             ("generation_tokens", "Generation tokens processed.", stats.num_generation_tokens),
+            ("spec_decode_num_drafts", "Speculative verifications (requests x steps with drafts).",
+             sum(stats.spec_decode_acceptance_lengths)),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified.", stats.spec_decode_num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", stats.spec_decode_num_accepted_tokens),
         )
         for name, doc, value in counters:
             counter = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             counter.add_metric([self._model_name], float(value))
             yield counter
+        # Accepted drafts per verification, from the engine's counts of each length.
+        lengths = stats.spec_decode_acceptance_lengths
+        cumulative, buckets = 0, []
+        for length, count in enumerate(lengths):
+            cumulative += count
+            buckets.append((str(float(length)), float(cumulative)))
+        buckets.append(("+Inf", float(cumulative)))
+        histogram = HistogramMetricFamily(
+            PREFIX + "spec_decode_acceptance_length",
+            "Draft tokens accepted per speculative verification.",
+            labels=["model_name"],
+        )
+        histogram.add_metric([self._model_name], buckets, float(stats.spec_decode_num_accepted_tokens))
+        yield histogram
 
 
 class ServerMetrics:

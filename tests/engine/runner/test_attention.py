@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tokenmill.engine.runner.attention import AttentionMetadata, PagedAttention, load_cpu_kernel
+from tokenmill.engine.runner.kv_quantization import QMAX, dequantize, write_quantized
 
 BACKENDS = ["kernel", "torch"]
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -274,3 +275,134 @@ def test_auto_falls_back_to_torch_when_the_kernel_is_unavailable(
     assert PagedAttention("cpu").backend == "torch"
     with pytest.raises(RuntimeError, match="unavailable"):
         PagedAttention("cpu", backend="kernel")
+
+
+# ---------------------------------------------------------------- one-byte caches
+CODE_DTYPES = [torch.int8, torch.float8_e4m3fn]
+# Attention over the quantized cache against attention over the exact values, N(0, 1) data.
+QUANTIZATION_ERROR = {torch.int8: 0.05, torch.float8_e4m3fn: 0.25}
+
+
+def quantized_batch(requests, *, code_dtype, **kwargs):
+    """make_batch with one-byte caches: each request's cached prefix is written in two
+    chunks (so later writes grow scales and requantize), the new tokens are not. Also
+    returns the exact caches, new tokens included, for the quantization error."""
+    q, k, v, k_exact, v_exact, md = make_batch(requests, **kwargs)
+    bs = md.block_size
+    k_codes = torch.zeros(k_exact.shape, dtype=code_dtype)
+    v_codes = torch.zeros(v_exact.shape, dtype=code_dtype)
+    k_scale = torch.zeros(k_exact.shape[:2])
+    v_scale = torch.zeros(k_exact.shape[:2])
+    for r in range(md.num_reqs):
+        cached = md.seq_lens_host[r] - md.query_len(r)
+        for lo, hi in ((0, cached // 2), (cached // 2, cached)):
+            if hi == lo:
+                continue
+            pos = torch.arange(lo, hi)
+            blocks = md.block_table[r, pos // bs].long()
+            write_quantized(k_exact[blocks, :, pos % bs], k_codes, k_scale, blocks, pos % bs)
+            write_quantized(v_exact[blocks, :, pos % bs], v_codes, v_scale, blocks, pos % bs)
+    slots = md.slot_mapping
+    k_exact[slots // bs, :, slots % bs] = k
+    v_exact[slots // bs, :, slots % bs] = v
+    return q, k, v, (k_codes, v_codes, k_scale, v_scale), (k_exact, v_exact), md
+
+
+@pytest.mark.parametrize("code_dtype", CODE_DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    ("num_kv_heads", "group", "head_dim"), [(3, 3, 64), (2, 4, 80), (1, 2, 40)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_cache_kernel_and_torch_agree(
+    code_dtype: torch.dtype, case: str, num_kv_heads: int, group: int, head_dim: int, dtype: torch.dtype
+) -> None:
+    q, k, v, caches, exact, md = quantized_batch(
+        CASES[case], code_dtype=code_dtype, num_kv_heads=num_kv_heads, group=group,
+        head_dim=head_dim, block_size=16, dtype=dtype, seed=head_dim + group,
+    )
+    results = {}
+    for backend in BACKENDS:
+        k_codes, v_codes, k_scale, v_scale = (t.clone() for t in caches)
+        attn = attention(backend)
+        attn.write_kv(k, v, k_codes, v_codes, md, (k_scale, v_scale))
+        out = attn.forward(q, k_codes, v_codes, md, (k_scale, v_scale))
+        assert out.dtype == dtype and out.shape == q.shape
+        results[backend] = (out, k_codes, v_codes, k_scale, v_scale)
+    kernel, fallback = results["kernel"], results["torch"]
+    # Both backends write bit-identical codes and scales.
+    for a, b in zip(kernel[1:], fallback[1:], strict=True):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == code_dtype else a,
+                           b.view(torch.uint8) if b.dtype == code_dtype else b)
+    _, k_codes, v_codes, k_scale, v_scale = kernel
+    k_deq = dequantize(k_codes, k_scale, torch.float64)
+    v_deq = dequantize(v_codes, v_scale, torch.float64)
+    expected = reference(q, k_deq, v_deq, md)
+    for out, *_ in (kernel, fallback):
+        torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    error = (expected - reference(q, *exact, md)).abs().max()
+    assert 0 < float(error) < QUANTIZATION_ERROR[code_dtype]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("code_dtype", CODE_DTYPES)
+@pytest.mark.parametrize("block_size", [1, 4, 32])
+def test_quantized_cache_other_block_sizes(backend: str, code_dtype: torch.dtype, block_size: int) -> None:
+    q, k, v, caches, _, md = quantized_batch(
+        [(75, 1), (40, 40), (66, 9)], code_dtype=code_dtype, num_kv_heads=3, group=3,
+        head_dim=64, block_size=block_size, dtype=torch.float32, seed=block_size,
+    )
+    k_codes, v_codes, k_scale, v_scale = caches
+    attn = attention(backend)
+    attn.write_kv(k, v, k_codes, v_codes, md, (k_scale, v_scale))
+    out = attn.forward(q, k_codes, v_codes, md, (k_scale, v_scale))
+    expected = reference(
+        q, dequantize(k_codes, k_scale, torch.float64), dequantize(v_codes, v_scale, torch.float64), md
+    )
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantized_cache_needs_its_scales(backend: str) -> None:
+    q, k, v, caches, _, md = quantized_batch(
+        [(20, 1)], code_dtype=torch.int8, num_kv_heads=1, group=1, head_dim=64,
+        block_size=16, dtype=torch.float32, seed=1,
+    )
+    k_codes, v_codes, k_scale, v_scale = caches
+    attn = attention(backend)
+    with pytest.raises(ValueError, match="needs its scales"):
+        attn.write_kv(k, v, k_codes, v_codes, md)
+    with pytest.raises(ValueError, match="needs its scales"):
+        attn.forward(q, k_codes, v_codes, md)
+    with pytest.raises(ValueError, match="needs no scales"):
+        attn.forward(q, k_scale.new_zeros(1, 1, 16, 64), k_scale.new_zeros(1, 1, 16, 64), md, (k_scale, v_scale))
+
+
+@pytest.mark.parametrize("code_dtype", CODE_DTYPES)
+def test_kernel_quantizes_every_magnitude_like_torch(code_dtype: torch.dtype) -> None:
+    # One block: every code value, the midpoints between neighbouring codes (ties round to
+    # even), values below the smallest subnormal, and log-uniform ones; absmax is the type's
+    # largest code, so the scale is 1 and x / scale is x itself.
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.int8 if code_dtype == torch.int8 else code_dtype)
+    values = codes.float()
+    values = torch.unique(values[values.isfinite() & (values.abs() <= QMAX[code_dtype])])
+    mids = (values[1:] + values[:-1]) / 2
+    gen = torch.Generator().manual_seed(0)
+    logs = torch.exp(torch.empty(1024).uniform_(-14, math.log(QMAX[code_dtype]), generator=gen))
+    x = torch.cat([values, mids, torch.tensor([2.0**-11, -(2.0**-11), 0.0, -0.0]), logs])[: 16 * 64]
+    x = x * torch.where(torch.rand(x.shape, generator=gen) < 0.5, -1.0, 1.0)
+    x[0] = QMAX[code_dtype]
+    x = x.view(16, 1, 64)
+    md = AttentionMetadata.build(
+        block_table=torch.zeros(1, 1, dtype=torch.int32), seq_lens=torch.tensor([16]),
+        query_start_loc=torch.tensor([0, 16]), slot_mapping=torch.arange(16), max_query_len=16,
+        block_size=16,
+    )
+    written = {}
+    for backend in BACKENDS:
+        k_codes = torch.zeros(1, 1, 16, 64, dtype=code_dtype)
+        scales = (torch.zeros(1, 1), torch.zeros(1, 1))
+        attention(backend).write_kv(x, x, k_codes, k_codes.clone(), md, scales)
+        assert scales[0].item() == 1.0
+        written[backend] = k_codes.view(torch.uint8)
+    assert torch.equal(written["kernel"], written["torch"])

@@ -31,6 +31,15 @@
 // counter inside torch's intra-op pool (at::parallel_for), so a long prefill tile cannot
 // leave the other thread idle at the end.
 //
+// One-byte caches (int8, fp8 e4m3) hold codes and a float32 scale per (block, kv head) in
+// k_scale / v_scale [num_blocks, num_kv_heads] (runner/kv_quantization.py): a K/V row is
+// widened to fp32 and multiplied by its block's scale as it is staged (K into the Kt
+// scratch, V into the V scratch), so both microkernels run unchanged on fp32 rows. The
+// float32/bfloat16 caches take exactly the code they took before (the cache type is a
+// template parameter; same-type caches compile to the old paths). write_kv quantizes the
+// new tokens per block run: the scale grows to cover them and the codes already in the
+// block are requantized to it (fp8 scales are powers of two, so that is exact).
+//
 // Vectors use GCC vector extensions (16 x fp32 = one AVX-512 register with -march=native,
 // split into narrower registers elsewhere), with AVX-512 intrinsics only behind #if for
 // the bf16 paths, so the file builds on any gcc/clang target.
@@ -68,6 +77,11 @@ typedef float vf_u __attribute__((vector_size(64), aligned(4), may_alias));
 typedef uint16_t vh_u __attribute__((vector_size(32), aligned(2), may_alias));
 
 using bf16 = at::BFloat16;
+using fp8 = c10::Float8_e4m3fn;
+
+// Caches of one-byte codes (with per-block scales) vs values of the query's own type.
+template <typename TC>
+constexpr bool kIsCode = std::is_same_v<TC, int8_t> || std::is_same_v<TC, fp8>;
 
 inline vf splat(float x) { return vf{} + x; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
@@ -88,6 +102,36 @@ inline vf load(const bf16* p) {
 #endif
 }
 
+// 16 one-byte codes -> fp32, times kCodeUnit<TC> (the caller folds the unit into the scale).
+// fp8 e4m3 -> fp16 bits by moving sign, exponent and mantissa into place (the fp16 exponent
+// bias is 8 larger, so the value comes out 2^-8 times the code, subnormals included), then
+// the hardware's fp16 -> fp32 conversion.
+#if defined(__AVX512F__)
+template <typename TC>
+constexpr float kCodeUnit = std::is_same_v<TC, fp8> ? 256.0f : 1.0f;
+
+inline vf load_code(const int8_t* p) {
+  return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+inline vf load_code(const fp8* p) {
+  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
+                                    _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7));
+  return (vf)_mm512_cvtph_ps(h);
+}
+#else
+template <typename TC>
+constexpr float kCodeUnit = 1.0f;
+
+template <typename TC>
+inline vf load_code(const TC* p) {
+  alignas(64) float tmp[kLanes];
+  for (int i = 0; i < kLanes; ++i) tmp[i] = static_cast<float>(p[i]);
+  return *reinterpret_cast<const vf*>(tmp);
+}
+#endif
+
 inline void store(float* p, vf x) { *reinterpret_cast<vf_u*>(p) = x; }
 
 inline void store(bf16* p, vf x) {
@@ -105,6 +149,21 @@ inline vf load_n(const T* p, int n) {
   alignas(64) float tmp[kLanes] = {};
   for (int i = 0; i < n; ++i) tmp[i] = static_cast<float>(p[i]);
   return load(tmp);
+}
+
+// A row's vector of a cache of type TC as fp32: values load as they are, codes times their
+// block's scale (already times kCodeUnit<TC>).
+template <typename TC>
+inline vf load_row(const TC* p, int n, float row_scale) {
+  if constexpr (kIsCode<TC>) {
+    if (n >= kLanes) return load_code(p) * row_scale;
+    alignas(64) float tmp[kLanes] = {};
+    for (int i = 0; i < n; ++i) tmp[i] = static_cast<float>(p[i]) * (row_scale / kCodeUnit<TC>);
+    return load(tmp);
+  } else {
+    (void)row_scale;
+    return load_n(p, n);
+  }
 }
 
 template <typename T>
@@ -235,6 +294,9 @@ struct Problem {
   float scale;
   int64_t q_stride_t, q_stride_h, out_stride_t, out_stride_h;
   int64_t cache_stride_block, cache_stride_head;
+  // [num_blocks, num_kv_heads] scales of one-byte caches; null otherwise.
+  const float* k_scale;
+  const float* v_scale;
   const int32_t* block_table;
   const int32_t* seq_lens;
   const int32_t* query_start_loc;
@@ -347,9 +409,11 @@ inline void pv_block_rows(float* o, const float* p, const float* corr, const TV*
   }
 }
 
-template <typename T, int NV>
-void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v_cache, T* out,
+template <typename T, typename TC, int NV>
+void attend_tile(const Problem& pb, const T* q_ptr, const TC* k_cache, const TC* v_cache, T* out,
                  int req, int kv_head, int j0, int j1, Scratch& s) {
+  constexpr bool kCode = kIsCode<TC>;
+  static_assert(kCode || std::is_same_v<T, TC>, "a cache holds the query's dtype or codes");
   constexpr int D = NV * kLanes;
   const int G = pb.group, hd = pb.head_dim;
   auto lanes = [hd](int j) { return std::clamp(hd - j * kLanes, 0, kLanes); };  // valid in vector j
@@ -360,7 +424,7 @@ void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v
   const int rows = (j1 - j0) * G;
   // Few rows (decodes): dot products beat transposing each K chunk.
   const bool dot = NV <= 8 && rows <= 8;
-  const bool bf16_dot = std::is_same_v<T, bf16> && kHaveBf16Dot && dot && NV % 2 == 0 && hd == D;
+  const bool bf16_dot = std::is_same_v<TC, bf16> && kHaveBf16Dot && dot && NV % 2 == 0 && hd == D;
   const int32_t* bt = pb.block_table + int64_t(req) * pb.max_blocks;
   float* Q = s.q.data();
   float* O = s.o.data();
@@ -389,17 +453,22 @@ void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v
   const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
   const int64_t head_off = int64_t(kv_head) * pb.cache_stride_head;
-  const T* krow[kLanes];
-  const T* vrow[kLanes];
+  const TC* krow[kLanes];
+  const TC* vrow[kLanes];
+  float kscale[kLanes] = {}, vscale[kLanes] = {};  // codes only: each row's block scale
 
   for (int c0 = 0; c0 <= pos_last; c0 += kLanes) {
     const int n_tok = std::min(kLanes, pos_last + 1 - c0);
     for (int t = 0; t < n_tok; ++t) {
       const int p = c0 + t;
-      const int64_t off = int64_t(bt[p >> pb.block_shift]) * pb.cache_stride_block + head_off +
-                          int64_t(p & (pb.block_size - 1)) * hd;
+      const int64_t block = bt[p >> pb.block_shift];
+      const int64_t off = block * pb.cache_stride_block + head_off + int64_t(p & (pb.block_size - 1)) * hd;
       krow[t] = k_cache + off;
       vrow[t] = v_cache + off;
+      if constexpr (kCode) {
+        kscale[t] = pb.k_scale[block * pb.num_kv_heads + kv_head] * kCodeUnit<TC>;
+        vscale[t] = pb.v_scale[block * pb.num_kv_heads + kv_head] * kCodeUnit<TC>;
+      }
     }
     // Prefetch the next chunk's K/V rows: its block is anywhere in the cache, so the
     // hardware prefetcher loses the stream at every block boundary.
@@ -409,13 +478,16 @@ void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v
                           int64_t(p & (pb.block_size - 1)) * hd;
       const char* kp = reinterpret_cast<const char*>(k_cache + off);
       const char* vp = reinterpret_cast<const char*>(v_cache + off);
-      for (int b = 0; b < hd * int(sizeof(T)); b += 64) {
+      for (int b = 0; b < hd * int(sizeof(TC)); b += 64) {
         __builtin_prefetch(kp + b);
         __builtin_prefetch(vp + b);
       }
     }
     // Rows of a partial chunk past n_tok repeat a real row: finite values, masked below.
-    for (int t = n_tok; t < kLanes; ++t) krow[t] = krow[0];
+    for (int t = n_tok; t < kLanes; ++t) {
+      krow[t] = krow[0];
+      kscale[t] = kscale[0];
+    }
     // Stage K: transposed (Kt[d][t]) for the outer-product microkernel, or as fp32 rows for
     // the dot-product one (read in place when already fp32 and contiguous).
     const float* Krows = Kt;
@@ -424,7 +496,7 @@ void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v
       // K is read in place by qk_dot_bf16.
     } else if (dot) {
       bool in_place = false;
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<TC, float>) {
         in_place = hd == D && pb.block_size >= kLanes;
         if (in_place) {
           Krows = krow[0];
@@ -434,24 +506,26 @@ void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v
       if (!in_place)
         for (int t = 0; t < kLanes; ++t)
           for (int j = 0; j < NV; ++j)
-            store(Kt + t * D + j * kLanes, load_n(krow[t] + j * kLanes, lanes(j)));
+            store(Kt + t * D + j * kLanes, load_row(krow[t] + j * kLanes, lanes(j), kscale[t]));
     } else {
       for (int j = 0; j < NV; ++j) {
         vf r[kLanes];
 #pragma GCC unroll 16
-        for (int t = 0; t < kLanes; ++t) r[t] = t < n_tok ? load_n(krow[t] + j * kLanes, lanes(j)) : vf{};
+        for (int t = 0; t < kLanes; ++t)
+          r[t] = t < n_tok ? load_row(krow[t] + j * kLanes, lanes(j), kscale[t]) : vf{};
         transpose16(r);
 #pragma GCC unroll 16
         for (int i = 0; i < kLanes; ++i) store(Kt + (j * kLanes + i) * kLanes, r[i]);
       }
     }
-    // V rows are read in place unless head_dim is padded: then staged as fp32 with zero
-    // lanes, so no vector reads past a row's end.
+    // V rows are read in place unless head_dim is padded or they are codes: then staged as
+    // fp32 (dequantized, with zero lanes past head_dim), so no vector reads past a row's end.
     const float* vstaged[kLanes];
-    if (hd != D) {
+    const bool stage_v = kCode || hd != D;
+    if (stage_v) {
       for (int t = 0; t < n_tok; ++t) {
         for (int j = 0; j < NV; ++j)
-          store(s.v.data() + t * D + j * kLanes, load_n(vrow[t] + j * kLanes, lanes(j)));
+          store(s.v.data() + t * D + j * kLanes, load_row(vrow[t] + j * kLanes, lanes(j), vscale[t]));
         vstaged[t] = s.v.data() + t * D;
       }
     }
@@ -460,7 +534,7 @@ void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v
     const int r0 = std::max(0, c0 - pos_first) * G;
     int row = r0;
     if (bf16_dot) {
-      if constexpr (std::is_same_v<T, bf16> && NV % 2 == 0) {
+      if constexpr (std::is_same_v<TC, bf16> && NV % 2 == 0) {
         for (; row < rows; ++row) {
           const T* qrow = q_ptr + int64_t(q_begin + j0 + row / G) * pb.q_stride_t +
                           int64_t(kv_head * G + row % G) * pb.q_stride_h;
@@ -492,10 +566,11 @@ void attend_tile(const Problem& pb, const T* q_ptr, const T* k_cache, const T* v
       store(P + row * kLanes, pv);
     }
 
-    if (hd != D)
+    if (stage_v) {
       pv_block_rows<NV, pv_block<NV>()>(O, P, C, vstaged, n_tok, D, r0, rows);
-    else
+    } else if constexpr (!kCode) {
       pv_block_rows<NV, pv_block<NV>()>(O, P, C, vrow, n_tok, D, r0, rows);
+    }
   }
 
   for (int jj = 0; jj < j1 - j0; ++jj) {
@@ -556,6 +631,24 @@ void check_cache(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
   TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(), "KV cache must be on the CPU");
 }
 
+bool is_code_cache(const torch::Tensor& cache) {
+  return cache.scalar_type() == torch::kChar || cache.scalar_type() == torch::kFloat8_e4m3fn;
+}
+
+// The scales of a one-byte cache: float32 [num_blocks, num_kv_heads], contiguous, on the CPU.
+void check_scales(const torch::Tensor& k_cache, const c10::optional<torch::Tensor>& k_scale,
+                  const c10::optional<torch::Tensor>& v_scale) {
+  const bool code = is_code_cache(k_cache);
+  TORCH_CHECK(code == k_scale.has_value() && code == v_scale.has_value(),
+              code ? "an int8/fp8 KV cache needs k_scale and v_scale" : "only int8/fp8 KV caches take scales");
+  if (!code) return;
+  for (const torch::Tensor* t : {&*k_scale, &*v_scale}) {
+    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous() && t->device().is_cpu() &&
+                    t->dim() == 2 && t->size(0) == k_cache.size(0) && t->size(1) == k_cache.size(1),
+                "scales must be contiguous float32 [num_blocks, num_kv_heads] on the CPU");
+  }
+}
+
 template <typename T>
 void write_kv_impl(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& k_cache,
                    torch::Tensor& v_cache, const int64_t* slots, int64_t num_tokens) {
@@ -578,15 +671,149 @@ void write_kv_impl(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor
   });
 }
 
-// k, v: [T, kvh, hd] (any strides with a unit last stride) -> their slots in the cache.
-// A negative slot skips the token.
+// ---------------------------------------------------------------- quantized writes
+constexpr float kMinScale = 0x1p-64f;  // kv_quantization.MIN_SCALE
+
+inline int8_t to_code(float x, int8_t*) {
+  return int8_t(std::nearbyint(std::min(127.0f, std::max(-127.0f, x))));
+}
+inline fp8 to_code(float x, fp8*) { return fp8(std::min(448.0f, std::max(-448.0f, x))); }
+
+// n codes of x[i] / s (or of codes[i] * s_old / s for a requantization, in place): 16 at a
+// time where AVX-512 is there (round to nearest even in both, saturating like to_code; the
+// fp8 rounding is c10's: 3 mantissa bits for normals, multiples of 2^-9 below 2^-6), the
+// rest one by one.
+#if defined(__AVX512F__)
+inline __m128i to_codes(vf x, int8_t*) {
+  const __m512 c = _mm512_min_ps(_mm512_max_ps((__m512)x, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(c));
+}
+
+inline __m128i to_codes(vf x, fp8*) {
+  const __m512 c = _mm512_min_ps(_mm512_max_ps((__m512)x, _mm512_set1_ps(-448.0f)), _mm512_set1_ps(448.0f));
+  const __m512i bits = _mm512_castps_si512(c);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+  const __m512i mag = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+  // Normal: round the fp32 mantissa to 3 bits (ties to even), rebias the exponent 127 -> 7.
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(mag, 20), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(mag, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff), odd));
+  const __m512i normal = _mm512_sub_epi32(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(120 << 3));
+  // Subnormal: the nearest multiple of 2^-9 (8 is the smallest normal, 2^-6).
+  const __m512i sub = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(512.0f)));
+  const __mmask16 is_normal = _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x3C800000));  // >= 2^-6
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(_mm512_mask_blend_epi32(is_normal, sub, normal), sign));
+}
+#endif
+
+template <typename T, typename TC>
+inline void quantize_row(const T* x, TC* out, int64_t n, float s) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const vf sv = splat(s);
+  for (; i + kLanes <= n; i += kLanes)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), to_codes(load(x + i) / sv, static_cast<TC*>(nullptr)));
+#endif
+  for (; i < n; ++i) out[i] = to_code(static_cast<float>(x[i]) / s, static_cast<TC*>(nullptr));
+}
+
+template <typename TC>
+inline void requantize(TC* codes, int64_t n, float s_old, float s_new) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  // load_code is kCodeUnit<TC> times the code: fold it into s_old (exact, a power of two).
+  const vf old_v = splat(s_old * kCodeUnit<TC>), new_v = splat(s_new);
+  for (; i + kLanes <= n; i += kLanes)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
+                     to_codes(load_code(codes + i) * old_v / new_v, static_cast<TC*>(nullptr)));
+#endif
+  for (; i < n; ++i) codes[i] = to_code(static_cast<float>(codes[i]) * s_old / s_new, static_cast<TC*>(nullptr));
+}
+
+template <typename T>
+inline float row_absmax(const T* x, int64_t n) {
+  float m = 0.0f;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  vf mv{};
+  for (; i + kLanes <= n; i += kLanes) {
+    const vf a = load(x + i);
+    mv = vmax(mv, a < 0 ? -a : a);
+  }
+  m = hmax(mv);
+#endif
+  for (; i < n; ++i) m = std::max(m, std::abs(static_cast<float>(x[i])));
+  return m;
+}
+
+template <typename TC>
+float scale_for(float absmax) {
+  float s = absmax / (std::is_same_v<TC, fp8> ? 448.0f : 127.0f);
+  if constexpr (std::is_same_v<TC, fp8>) {  // the next power of two
+    int e;
+    const float m = std::frexp(s, &e);
+    if (m != 0.5f && s > 0.0f) s = std::ldexp(1.0f, e);
+  }
+  return std::max(s, kMinScale);
+}
+
+// One head of K or V: tokens in runs of consecutive slots within a block (one per block and
+// step). Per run: s_old = the block's scale (0 if the run starts the block), s_new =
+// max(s_old, scale_for(run absmax)); a grown scale requantizes the block's earlier codes;
+// the run is quantized with s_new. Same fp32 operations as kv_quantization.write_quantized.
+template <typename T, typename TC>
+void write_head_quantized(const T* x, int64_t xs0, int64_t xs1, TC* codes, float* scales, int64_t h,
+                          int64_t kvh, int64_t bs, int64_t hd, const int64_t* slots, int64_t num_tokens) {
+  int64_t t = 0;
+  while (t < num_tokens) {
+    if (slots[t] < 0) {
+      ++t;
+      continue;
+    }
+    const int64_t block = slots[t] / bs, o0 = slots[t] % bs;
+    int64_t end = t + 1;
+    while (end < num_tokens && slots[end] == slots[end - 1] + 1 && slots[end] / bs == block) ++end;
+    float absmax = 0.0f;
+    for (int64_t u = t; u < end; ++u) absmax = std::max(absmax, row_absmax(x + u * xs0 + h * xs1, hd));
+    float& scale = scales[block * kvh + h];
+    const float s_old = o0 > 0 ? scale : 0.0f;
+    const float s_new = std::max(s_old, scale_for<TC>(absmax));
+    TC* slab = codes + (block * kvh + h) * bs * hd;
+    if (o0 > 0 && s_new > s_old) requantize(slab, o0 * hd, s_old, s_new);
+    for (int64_t u = t; u < end; ++u) quantize_row(x + u * xs0 + h * xs1, slab + (o0 + u - t) * hd, hd, s_new);
+    scale = s_new;
+    t = end;
+  }
+}
+
+template <typename T, typename TC>
+void write_kv_quantized(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& k_cache,
+                        torch::Tensor& v_cache, torch::Tensor& k_scale, torch::Tensor& v_scale,
+                        const int64_t* slots, int64_t num_tokens) {
+  const int64_t kvh = k_cache.size(1), bs = k_cache.size(2), hd = k_cache.size(3);
+  // Tasks own one head of K or of V: every block run of that head is theirs alone.
+  at::parallel_for(0, 2 * kvh, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const bool is_v = task >= kvh;
+      const torch::Tensor& x = is_v ? v : k;
+      torch::Tensor& cache = is_v ? v_cache : k_cache;
+      torch::Tensor& scales = is_v ? v_scale : k_scale;
+      write_head_quantized<T, TC>(x.data_ptr<T>(), x.stride(0), x.stride(1), cache.data_ptr<TC>(),
+                                  scales.data_ptr<float>(), task % kvh, kvh, bs, hd, slots, num_tokens);
+    }
+  });
+}
+
+// k, v: [T, kvh, hd] (any strides with a unit last stride) -> their slots in the cache
+// (quantized, updating k_scale / v_scale, for one-byte caches). A negative slot skips the token.
 void write_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor k_cache,
-              torch::Tensor v_cache, const torch::Tensor& slot_mapping) {
+              torch::Tensor v_cache, const torch::Tensor& slot_mapping,
+              const c10::optional<torch::Tensor>& k_scale, const c10::optional<torch::Tensor>& v_scale) {
   check_cache(k_cache, v_cache);
+  check_scales(k_cache, k_scale, v_scale);
   TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes(), "k and v must be [T, num_kv_heads, head_dim]");
   TORCH_CHECK(k.size(1) == k_cache.size(1) && k.size(2) == k_cache.size(3),
               "k/v heads or head_dim do not match the cache");
-  TORCH_CHECK(k.dtype() == k_cache.dtype() && v.dtype() == k_cache.dtype(),
+  TORCH_CHECK(k.dtype() == v.dtype() && (k.dtype() == k_cache.dtype() || is_code_cache(k_cache)),
               "k/v dtype must equal the cache dtype");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k/v need a unit head_dim stride");
   TORCH_CHECK(slot_mapping.dtype() == torch::kInt64 && slot_mapping.numel() == k.size(0),
@@ -596,22 +823,33 @@ void write_kv(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor k_ca
   const int64_t num_slots = k_cache.size(0) * k_cache.size(2);
   for (int64_t t = 0; t < k.size(0); ++t)
     TORCH_CHECK(sp[t] < num_slots, "slot ", sp[t], " out of range (", num_slots, " slots)");
-  if (k_cache.scalar_type() == torch::kFloat32) {
+  if (is_code_cache(k_cache)) {
+    torch::Tensor ks = *k_scale, vs = *v_scale;
+    const bool f32 = k.scalar_type() == torch::kFloat32;
+    TORCH_CHECK(f32 || k.scalar_type() == torch::kBFloat16, "k/v must be float32 or bfloat16");
+    if (k_cache.scalar_type() == torch::kChar) {
+      if (f32) write_kv_quantized<float, int8_t>(k, v, k_cache, v_cache, ks, vs, sp, k.size(0));
+      else write_kv_quantized<bf16, int8_t>(k, v, k_cache, v_cache, ks, vs, sp, k.size(0));
+    } else {
+      if (f32) write_kv_quantized<float, fp8>(k, v, k_cache, v_cache, ks, vs, sp, k.size(0));
+      else write_kv_quantized<bf16, fp8>(k, v, k_cache, v_cache, ks, vs, sp, k.size(0));
+    }
+  } else if (k_cache.scalar_type() == torch::kFloat32) {
     write_kv_impl<float>(k, v, k_cache, v_cache, sp, k.size(0));
   } else if (k_cache.scalar_type() == torch::kBFloat16) {
     write_kv_impl<bf16>(k, v, k_cache, v_cache, sp, k.size(0));
   } else {
-    TORCH_CHECK(false, "KV cache dtype must be float32 or bfloat16");
+    TORCH_CHECK(false, "KV cache dtype must be float32, bfloat16, int8 or float8_e4m3fn");
   }
 }
 
-template <typename T, int NV>
+template <typename T, typename TC, int NV>
 void run_items(const Problem& pb, const torch::Tensor& q, const torch::Tensor& k_cache,
                const torch::Tensor& v_cache, torch::Tensor& out, const int32_t* work,
                int64_t num_items) {
   const T* qp = q.data_ptr<T>();
-  const T* kc = k_cache.data_ptr<T>();
-  const T* vc = v_cache.data_ptr<T>();
+  const TC* kc = k_cache.data_ptr<TC>();
+  const TC* vc = v_cache.data_ptr<TC>();
   T* op = out.data_ptr<T>();
   const int64_t total = num_items * pb.num_kv_heads;
   const int max_rows = tile_positions(pb.group) * pb.group;
@@ -622,7 +860,7 @@ void run_items(const Problem& pb, const torch::Tensor& q, const torch::Tensor& k
       Scratch scratch(max_rows, NV * kLanes);
       for (int64_t i = next.fetch_add(1); i < total; i = next.fetch_add(1)) {
         const int32_t* item = work + (i / pb.num_kv_heads) * 3;
-        attend_tile<T, NV>(pb, qp, kc, vc, op, item[0], int(i % pb.num_kv_heads), item[1],
+        attend_tile<T, TC, NV>(pb, qp, kc, vc, op, item[0], int(i % pb.num_kv_heads), item[1],
                            item[2], scratch);
       }
     }
@@ -631,13 +869,13 @@ void run_items(const Problem& pb, const torch::Tensor& q, const torch::Tensor& k
 
 // Instantiated vector counts (head_dim / 16, rounded up to the next one listed): 64, 80,
 // 96, 128, 192, 256 run unpadded; other sizes pad with zero lanes.
-template <typename T, int NV, int... Rest>
+template <typename T, typename TC, int NV, int... Rest>
 void dispatch_vectors(int nv, const Problem& pb, const torch::Tensor& q, const torch::Tensor& k_cache,
                       const torch::Tensor& v_cache, torch::Tensor& out, const int32_t* work,
                       int64_t num_items) {
-  if (nv <= NV) return run_items<T, NV>(pb, q, k_cache, v_cache, out, work, num_items);
+  if (nv <= NV) return run_items<T, TC, NV>(pb, q, k_cache, v_cache, out, work, num_items);
   if constexpr (sizeof...(Rest) > 0) {
-    return dispatch_vectors<T, Rest...>(nv, pb, q, k_cache, v_cache, out, work, num_items);
+    return dispatch_vectors<T, TC, Rest...>(nv, pb, q, k_cache, v_cache, out, work, num_items);
   }
   TORCH_CHECK(false, "head_dim must be <= ", kMaxVectors * kLanes);
 }
@@ -647,11 +885,13 @@ void dispatch_vectors(int nv, const Problem& pb, const torch::Tensor& q, const t
 void paged_attention(torch::Tensor out, const torch::Tensor& q, const torch::Tensor& k_cache,
                      const torch::Tensor& v_cache, const torch::Tensor& block_table,
                      const torch::Tensor& seq_lens, const torch::Tensor& query_start_loc,
-                     double scale, const c10::optional<torch::Tensor>& work) {
+                     double scale, const c10::optional<torch::Tensor>& work,
+                     const c10::optional<torch::Tensor>& k_scale, const c10::optional<torch::Tensor>& v_scale) {
   check_cache(k_cache, v_cache);
+  check_scales(k_cache, k_scale, v_scale);
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "q and out must be [T, num_heads, head_dim]");
-  TORCH_CHECK(q.dtype() == k_cache.dtype() && out.dtype() == q.dtype(),
-              "q, out and the KV cache must share a dtype");
+  TORCH_CHECK((q.dtype() == k_cache.dtype() || is_code_cache(k_cache)) && out.dtype() == q.dtype(),
+              "q, out and the KV cache must share a dtype (or the cache hold int8/fp8 codes)");
   TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "q/out need a unit head_dim stride");
   TORCH_CHECK(q.size(2) == k_cache.size(3), "q head_dim does not match the cache");
   TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "num_heads must be a multiple of num_kv_heads");
@@ -697,6 +937,8 @@ void paged_attention(torch::Tensor out, const torch::Tensor& q, const torch::Ten
   pb.out_stride_h = out.stride(1);
   pb.cache_stride_block = k_cache.stride(0);
   pb.cache_stride_head = k_cache.stride(1);
+  pb.k_scale = k_scale.has_value() ? k_scale->data_ptr<float>() : nullptr;
+  pb.v_scale = v_scale.has_value() ? v_scale->data_ptr<float>() : nullptr;
   pb.block_table = bt;
   pb.seq_lens = sl;
   pb.query_start_loc = qsl;
@@ -713,10 +955,22 @@ void paged_attention(torch::Tensor out, const torch::Tensor& q, const torch::Ten
                     j1 - j0 <= tq, "work item ", i, " is not a tile of this batch");
   }
   const int nv = (pb.head_dim + kLanes - 1) / kLanes;
+  const int64_t n = plan.size(0);
+  const auto cache_type = k_cache.scalar_type();
   if (q.scalar_type() == torch::kFloat32) {
-    dispatch_vectors<float, 2, 4, 5, 6, 8, 12, 16>(nv, pb, q, k_cache, v_cache, out, wp, plan.size(0));
+    if (cache_type == torch::kChar)
+      dispatch_vectors<float, int8_t, 2, 4, 5, 6, 8, 12, 16>(nv, pb, q, k_cache, v_cache, out, wp, n);
+    else if (cache_type == torch::kFloat8_e4m3fn)
+      dispatch_vectors<float, fp8, 2, 4, 5, 6, 8, 12, 16>(nv, pb, q, k_cache, v_cache, out, wp, n);
+    else
+      dispatch_vectors<float, float, 2, 4, 5, 6, 8, 12, 16>(nv, pb, q, k_cache, v_cache, out, wp, n);
   } else if (q.scalar_type() == torch::kBFloat16) {
-    dispatch_vectors<bf16, 2, 4, 5, 6, 8, 12, 16>(nv, pb, q, k_cache, v_cache, out, wp, plan.size(0));
+    if (cache_type == torch::kChar)
+      dispatch_vectors<bf16, int8_t, 2, 4, 5, 6, 8, 12, 16>(nv, pb, q, k_cache, v_cache, out, wp, n);
+    else if (cache_type == torch::kFloat8_e4m3fn)
+      dispatch_vectors<bf16, fp8, 2, 4, 5, 6, 8, 12, 16>(nv, pb, q, k_cache, v_cache, out, wp, n);
+    else
+      dispatch_vectors<bf16, bf16, 2, 4, 5, 6, 8, 12, 16>(nv, pb, q, k_cache, v_cache, out, wp, n);
   } else {
     TORCH_CHECK(false, "dtype must be float32 or bfloat16");
   }
@@ -725,10 +979,12 @@ void paged_attention(torch::Tensor out, const torch::Tensor& q, const torch::Ten
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("write_kv", &write_kv, "Store new tokens' K/V at their cache slots");
+  m.def("write_kv", &write_kv, "Store new tokens' K/V at their cache slots (quantized into int8/fp8 caches)",
+        py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slot_mapping"),
+        py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none());
   m.def("paged_attention", &paged_attention, "Varlen causal attention over the paged KV cache",
         py::arg("out"), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("block_table"), py::arg("seq_lens"), py::arg("query_start_loc"), py::arg("scale"),
-        py::arg("work") = py::none());
+        py::arg("work") = py::none(), py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none());
   m.def("plan_work", &plan_work, "Tiles (request, j0, j1) of a batch, costliest first");
 }

@@ -125,6 +125,7 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> int:
         """Free blocks that `allocate_slots` with these arguments would consume.
 
@@ -132,7 +133,10 @@ class KVCacheManager:
         queue.
         """
         computed = new_computed_blocks._blocks if new_computed_blocks is not None else ()
-        num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        num_tokens = (
+            request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+            + num_lookahead_tokens
+        )
         num_held = len(self._req_blocks.get(request.request_id, ())) + len(computed)
         num_new_blocks = max(0, _cdiv(num_tokens, self.block_size) - num_held)
         num_free_hits = sum(1 for b in computed if b.ref_cnt == 0)
@@ -143,20 +147,25 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> KVCacheBlocks | None:
         """Give the request slots for `num_new_tokens` more tokens after its computed ones.
 
         `new_computed_blocks` (from `get_computed_blocks`, for a request holding no blocks)
-        are shared instead of computed. Returns the newly taken blocks, or None when there
-        are not enough free blocks, in which case nothing changed. On success every block
-        made full by the scheduled tokens is registered in the prefix cache.
+        are shared instead of computed. The new tokens may run past the request's tokens
+        into its draft tokens (`request.spec_token_ids`, speculative decoding), and
+        `num_lookahead_tokens` more slots are reserved after them (where a draft model
+        writes the K/V of its next proposals). Returns the newly taken blocks, or None when
+        there are not enough free blocks, in which case nothing changed. On success every
+        block made full by the scheduled tokens is registered in the prefix cache; drafts
+        are not tokens yet, so blocks holding drafts are not.
         """
         assert num_new_tokens > 0, num_new_tokens
         computed = new_computed_blocks._blocks if new_computed_blocks is not None else ()
         req_id = request.request_id
-        if self.num_blocks_to_allocate(request, num_new_tokens, new_computed_blocks) > (
-            self.pool.num_free_blocks
-        ):
+        if self.num_blocks_to_allocate(
+            request, num_new_tokens, new_computed_blocks, num_lookahead_tokens
+        ) > self.pool.num_free_blocks:
             return None
         is_admission = req_id not in self._req_blocks
         blocks = self._req_blocks.setdefault(req_id, [])
@@ -169,12 +178,31 @@ class KVCacheManager:
             self._count_query(request, len(computed) * self.block_size)
 
         num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
-        assert num_tokens <= request.num_tokens, (num_tokens, request)
-        num_new_blocks = max(0, _cdiv(num_tokens, self.block_size) - len(blocks))
+        assert num_tokens <= request.num_tokens + len(request.spec_token_ids), (num_tokens, request)
+        num_slots = num_tokens + num_lookahead_tokens
+        num_new_blocks = max(0, _cdiv(num_slots, self.block_size) - len(blocks))
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
         blocks.extend(new_blocks)
-        self._cache_full_blocks(request, num_tokens)
+        self._cache_full_blocks(request, min(num_tokens, request.num_tokens))
         return KVCacheBlocks(new_blocks)
+
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        """Keep only the blocks that hold the request's first `num_tokens` tokens; the
+        rest (slots of rejected draft tokens, lookahead) go back to the pool, tail first.
+        They were never registered in the prefix cache: they held no full block of tokens."""
+        blocks = self._req_blocks.get(request.request_id)
+        if blocks is None:
+            return
+        keep = _cdiv(num_tokens, self.block_size)
+        if len(blocks) <= keep:
+            return
+        tail = blocks[keep:]
+        del blocks[keep:]
+        assert self._num_cached_blocks.get(request.request_id, 0) <= keep, request
+        self.pool.free_blocks(reversed(tail))
+
+    def num_blocks_of(self, req_id: str) -> int:
+        return len(self._req_blocks.get(req_id, ()))
 
     def free(self, request: Request) -> None:
         """Return the request's blocks, tail first. A finished request also drops its hashes."""

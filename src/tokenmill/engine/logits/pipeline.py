@@ -97,13 +97,21 @@ class LogitsProcessorPipeline:
             logits = processor.apply(logits)
         return logits
 
-    def record(self, token_ids: Sequence[int]) -> tuple[list[str], list[str]]:
-        """Append this step's sampled tokens (one per row of the last apply). Returns the
-        req_ids to stop (their grammar ended) and those that failed."""
+    def record(
+        self, token_ids: Sequence[int], rows: Sequence[int] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Append this step's sampled tokens: one per row of the last apply, or one per
+        index of `rows` (the rows that took a token; speculative verification walks a
+        request's drafts one apply at a time). Returns the req_ids to stop (their grammar
+        ended) and those that failed."""
         if not self._batch:
             return [], []
-        for history, token in zip(self._outputs, token_ids, strict=True):
-            history.append(token)
+        if rows is None:
+            for history, token in zip(self._outputs, token_ids, strict=True):
+                history.append(token)
+        else:
+            for row, token in zip(rows, token_ids, strict=True):
+                self._outputs[row].append(token)
         stopped: list[str] = []
         failed: list[str] = []
         for processor in self._order:
@@ -112,6 +120,20 @@ class LogitsProcessorPipeline:
                 if rows is not None:
                     into.extend(self._batch[i][0] for i in rows())
         return stopped, failed
+
+    @property
+    def has_constraints(self) -> bool:
+        """Whether a grammar constraint is installed (see num_valid_drafts)."""
+        return self._structured is not None
+
+    def num_valid_drafts(self, req_id: str, drafts: list[int]) -> int:
+        """How many leading drafts the request's grammar allows (all, unconstrained)."""
+        assert self._structured is not None
+        key = (req_id, self._generation.get(req_id))
+        for index, row in enumerate(self._batch):
+            if row == key:
+                return int(self._structured.num_valid_drafts(index, drafts))
+        return len(drafts)
 
     def _diff(self, rows: list[tuple[str, int]]) -> BatchUpdate:
         old = {key: i for i, key in enumerate(self._batch)}

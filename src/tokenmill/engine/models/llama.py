@@ -105,13 +105,19 @@ class LlamaForCausalLM(torch.nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: Attention,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden] (normed)."""
+        """input_ids, positions: [T] -> final hidden states [T, hidden] (normed).
+        `num_layers` runs only the first layers before the final norm (a self-draft)."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope.cos_sin(positions)
         residual: torch.Tensor | None = None
-        for layer in self.layers:
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
+        for layer in layers:
             x, residual = layer(x, residual, cos, sin, attention)
         assert residual is not None
         self.ops.add_rms_norm_(x, residual, self.norm.weight, self.norm.eps)

@@ -8,11 +8,18 @@ layers.
     q, out        [T, num_heads, head_dim]        T = tokens of all requests this step
     k, v          [T, num_kv_heads, head_dim]     this step's new tokens
     k/v_cache     [num_blocks, num_kv_heads, block_size, head_dim]
+    k/v_scale     [num_blocks, num_kv_heads]      float32, only for one-byte caches
     request r     query rows qsl[r]:qsl[r+1], the last n_r of its seq_lens[r] positions
+
+The caches hold the model's dtype, or one-byte codes (int8, float8_e4m3fn) with a scale
+per block and head (runner/kv_quantization.py): write_kv quantizes the new tokens into
+them, and both backends dequantize inside attention (the kernel as it loads each K/V row
+into fp32, the torch backend on the gathered blocks).
 
 Backends:
   * cpu kernel (csrc/paged_attention.cpp, built on first use): reads K/V straight from the
-    blocks, no gather. Used on the CPU for float32/bfloat16 whenever it builds.
+    blocks, no gather. Used on the CPU for float32/bfloat16 queries (over caches of their
+    own dtype, int8 or fp8) whenever it builds.
   * torch: gathers each request's blocks into a contiguous tensor and calls
     F.scaled_dot_product_attention with the causal offset; runs on any device. Decodes are
     batched into one padded call, prefill chunks go one call per request.
@@ -28,17 +35,27 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from tokenmill.engine.cpu_extension import CSRC, build_extension
+from tokenmill.engine.runner.kv_cache_tensors import KVCacheTensors
+from tokenmill.engine.runner.kv_quantization import dequantize, is_quantized, write_quantized
+
+if TYPE_CHECKING:
+    from tokenmill.engine.models.llama import Attention
 
 logger = logging.getLogger(__name__)
 
 _CSRC = CSRC / "paged_attention.cpp"
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+# A layer's (k_scale, v_scale), each [num_blocks, kvh] float32, for one-byte caches.
+KVScales = tuple[torch.Tensor, torch.Tensor]
 
 # Fresh prompts this long or longer go to SDPA on contiguous K/V instead of the kernel;
 # None keeps every request on the kernel. Measured by benchmarks/attention_kernel.py:
@@ -171,11 +188,13 @@ class PagedAttention:
     def backend(self) -> str:
         return "kernel" if self._kernel is not None else "torch"
 
-    def _uses_kernel(self, t: torch.Tensor) -> bool:
+    def _uses_kernel(self, x: torch.Tensor, cache: torch.Tensor) -> bool:
+        """x (q or the new k/v) in fp32/bf16 on the CPU, over a cache of x's dtype or codes."""
         return (
             self._kernel is not None
-            and t.device.type == "cpu"
-            and t.dtype in (torch.float32, torch.bfloat16)
+            and x.device.type == "cpu"
+            and x.dtype in _KERNEL_DTYPES
+            and (cache.dtype == x.dtype or is_quantized(cache.dtype))
         )
 
     # ------------------------------------------------------------------ write
@@ -186,14 +205,22 @@ class PagedAttention:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        scales: KVScales | None = None,
     ) -> None:
-        """Store this step's k/v [T, kvh, hd] at metadata.slot_mapping in the caches."""
-        if self._kernel is not None and self._uses_kernel(k_cache):
-            self._kernel.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+        """Store this step's k/v [T, kvh, hd] at metadata.slot_mapping in the caches
+        (quantized, updating `scales`, when the caches hold one-byte codes)."""
+        _check_scales(k_cache, scales)
+        if self._kernel is not None and self._uses_kernel(k, k_cache):
+            extra = () if scales is None else scales
+            self._kernel.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping, *extra)
             return
         plan = self._torch_plan(metadata)
         if plan.slot_rows is not None:
             k, v = k[plan.slot_rows], v[plan.slot_rows]
+        if scales is not None:
+            write_quantized(k, k_cache, scales[0], plan.slot_blocks, plan.slot_offsets)
+            write_quantized(v, v_cache, scales[1], plan.slot_blocks, plan.slot_offsets)
+            return
         # Indexing dims 0 and 2 puts the token dim first: [T', kvh, hd] like k.
         k_cache[plan.slot_blocks, :, plan.slot_offsets] = k
         v_cache[plan.slot_blocks, :, plan.slot_offsets] = v
@@ -205,12 +232,14 @@ class PagedAttention:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        scales: KVScales | None = None,
     ) -> torch.Tensor:
         """Causal attention of q [T, nh, hd] over each request's cached context -> [T, nh, hd]."""
+        _check_scales(k_cache, scales)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         group = q.shape[1] // k_cache.shape[1]
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        if self._kernel is not None and self._uses_kernel(q):
+        if self._kernel is not None and self._uses_kernel(q, k_cache):
             plan = self._kernel_plan(metadata, group)
             self._kernel.paged_attention(
                 out,
@@ -222,15 +251,16 @@ class PagedAttention:
                 metadata.query_start_loc,
                 scale,
                 plan.work,
+                *(() if scales is None else scales),
             )
             dense = plan.dense
         else:
             tplan = self._torch_plan(metadata)
             if tplan.decodes is not None:
-                _attend_decodes(out, q, k_cache, v_cache, tplan.decodes, scale)
+                _attend_decodes(out, q, k_cache, v_cache, tplan.decodes, scale, scales)
             dense = tplan.prefills
         for prefill in dense:
-            _attend_prefill(out, q, k_cache, v_cache, prefill, scale)
+            _attend_prefill(out, q, k_cache, v_cache, prefill, scale, scales)
         return out
 
     # ------------------------------------------------------------------ plans
@@ -263,6 +293,14 @@ class PagedAttention:
         plan = md.plans[key]
         assert isinstance(plan, _TorchPlan)
         return plan
+
+
+def _check_scales(cache: torch.Tensor, scales: KVScales | None) -> None:
+    if is_quantized(cache.dtype) != (scales is not None):
+        raise ValueError(
+            f"a {cache.dtype} KV cache needs "
+            + ("its scales" if scales is None else "no scales")
+        )
 
 
 def _dense_prefill(md: AttentionMetadata, req: int) -> _DensePrefill:
@@ -312,9 +350,18 @@ def _build_torch_plan(md: AttentionMetadata) -> _TorchPlan:
     )
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    # cache[block_ids]: [..., nb, kvh, bs, hd] -> [..., kvh, nb * bs, hd]
+def _gather(
+    cache: torch.Tensor,
+    block_ids: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    # cache[block_ids]: [..., nb, kvh, bs, hd] -> [..., kvh, nb * bs, hd]; codes are
+    # dequantized to `dtype` with their blocks' scales [num_blocks, kvh].
     blocks = cache[block_ids]
+    if scale is not None:
+        assert dtype is not None
+        blocks = dequantize(blocks, scale[block_ids], dtype)
     blocks = blocks.transpose(-3, -4)
     return blocks.reshape(*blocks.shape[:-3], -1, blocks.shape[-1])
 
@@ -326,10 +373,12 @@ def _attend_decodes(
     v_cache: torch.Tensor,
     group: _DecodeGroup,
     scale: float,
+    scales: KVScales | None,
 ) -> None:
     # q rows [Rd, nh, hd] -> [Rd, nh, 1, hd] against K/V [Rd, kvh, max_blocks * bs, hd].
-    k = _gather(k_cache, group.block_ids)
-    v = _gather(v_cache, group.block_ids)
+    ks, vs = scales if scales is not None else (None, None)
+    k = _gather(k_cache, group.block_ids, ks, q.dtype)
+    v = _gather(v_cache, group.block_ids, vs, q.dtype)
     qd = q[group.rows].unsqueeze(2)
     o = F.scaled_dot_product_attention(qd, k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
     out[group.rows] = o.squeeze(2)
@@ -342,12 +391,14 @@ def _attend_prefill(
     v_cache: torch.Tensor,
     prefill: _DensePrefill,
     scale: float,
+    scales: KVScales | None,
 ) -> None:
     # One request: q [n, nh, hd] -> [1, nh, n, hd] against K/V [1, kvh, seq_len, hd]. The
     # leading batch dim matters: 3-D inputs take SDPA's math path on the CPU (~8x slower).
     seq_len = prefill.mask.shape[1] if prefill.mask is not None else prefill.end - prefill.start
-    k = _gather(k_cache, prefill.block_ids)[None, :, :seq_len]
-    v = _gather(v_cache, prefill.block_ids)[None, :, :seq_len]
+    ks, vs = scales if scales is not None else (None, None)
+    k = _gather(k_cache, prefill.block_ids, ks, q.dtype)[None, :, :seq_len]
+    v = _gather(v_cache, prefill.block_ids, vs, q.dtype)[None, :, :seq_len]
     qr = q[prefill.start : prefill.end].transpose(0, 1)[None]
     o = F.scaled_dot_product_attention(
         qr,
@@ -359,3 +410,21 @@ def _attend_prefill(
         enable_gqa=True,
     )
     out[prefill.start : prefill.end] = o[0].transpose(0, 1)
+
+
+def bind_paged_attention(
+    kv: KVCacheTensors, attention: PagedAttention
+) -> Callable[[AttentionMetadata], Attention]:
+    """metadata -> the model's Attention over `kv`'s paged blocks for that step: each layer
+    writes its new K/V (quantized with their scales for one-byte caches), then attends."""
+
+    def bind(metadata: AttentionMetadata) -> Attention:
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_cache, v_cache = kv.layer(layer)
+            scales = kv.layer_scales(layer)  # one-byte blocks' scales, else None
+            attention.write_kv(k, v, k_cache, v_cache, metadata, scales)
+            return attention.forward(q, k_cache, v_cache, metadata, scales)
+
+        return attend
+
+    return bind

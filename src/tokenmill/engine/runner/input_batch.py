@@ -28,6 +28,9 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_seqs, dtype=np.int32)
         self.block_table = np.zeros((max_num_seqs, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int32)
+        # Draft tokens of this step (speculative decoding), stored in token_ids right
+        # after the row's tokens but not counted in num_tokens.
+        self.num_drafts = np.zeros(max_num_seqs, dtype=np.int32)
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
 
@@ -46,6 +49,7 @@ class InputBatch:
         self.num_tokens[row] = n
         self.num_prompt_tokens[row] = new.num_prompt_tokens
         self.num_computed_tokens[row] = new.num_computed_tokens
+        self.num_drafts[row] = 0
         self.num_blocks[row] = 0
         self._append_blocks(row, new.block_ids)
         self.row_of[new.req_id] = row
@@ -53,8 +57,17 @@ class InputBatch:
 
     def update(self, cached: CachedRequestData) -> None:
         row = self.row_of[cached.req_id]
+        self.num_blocks[row] = cached.num_kept_blocks
         self._append_blocks(row, cached.new_block_ids)
         self.num_computed_tokens[row] = cached.num_computed_tokens
+        self.num_drafts[row] = 0
+
+    def set_drafts(self, req_id: str, drafts: list[int]) -> None:
+        """This step's draft tokens for a row (after `update`)."""
+        row = self.row_of[req_id]
+        n = int(self.num_tokens[row])
+        self.token_ids[row, n : n + len(drafts)] = drafts
+        self.num_drafts[row] = len(drafts)
 
     def remove(self, req_id: str) -> None:
         row = self.row_of.pop(req_id, None)
@@ -65,6 +78,13 @@ class InputBatch:
         """Append one sampled token to each of `rows`."""
         self.token_ids[rows, self.num_tokens[rows]] = token_ids
         self.num_tokens[rows] += 1
+
+    def append_token_list(self, row: int, token_ids: list[int]) -> None:
+        """Append a row's tokens of one step (accepted drafts and the sampled token)."""
+        n = int(self.num_tokens[row])
+        self.token_ids[row, n : n + len(token_ids)] = token_ids
+        self.num_tokens[row] = n + len(token_ids)
+        self.num_drafts[row] = 0
 
     def prompt_token_ids(self, req_id: str) -> np.ndarray:
         row = self.row_of[req_id]

@@ -26,8 +26,11 @@ class ModelRunnerOutput:
     # Requests that sampled a token this step, in batch order (a request mid-way through a
     # chunked prefill samples nothing).
     req_ids: list[str] = field(default_factory=list)
-    sampled_token_ids: list[int] = field(default_factory=list)
-    # Row per entry of req_ids, or None when no request in the batch asked for logprobs.
+    # Per entry of req_ids, the tokens it took this step: its accepted draft tokens (when
+    # it speculated), then the token sampled after them. Never empty.
+    sampled_token_ids: list[list[int]] = field(default_factory=list)
+    # A row per sampled token (req_ids order, then token order), or None when no request
+    # in the batch asked for logprobs.
     logprobs: LogprobsTensors | None = None
     # req_id -> logprobs of the prompt tokens computed this step (positions 1.. of the prompt).
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
@@ -35,3 +38,7 @@ class ModelRunnerOutput:
     # and those whose token their grammar refused (they end as aborted).
     stopped_req_ids: set[str] = field(default_factory=set)
     failed_req_ids: set[str] = field(default_factory=set)
+    # req_id -> draft tokens proposed for the next step (speculative decoding).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Seconds the target forward took (None where it is not measured synchronously).
+    forward_seconds: float | None = None

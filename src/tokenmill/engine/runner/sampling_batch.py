@@ -261,6 +261,10 @@ class SamplingBatch:
         assert view.max_logprobs is not None
         return tokens, _logprobs_of(raw_logprobs, tokens, view.max_logprobs)
 
+    def is_bare_argmax(self, req_ids: list[str]) -> bool:
+        """Whether `sample` over these rows is a plain argmax of the logits."""
+        return self._step_view(req_ids).bare_argmax
+
     def probs(self, logits: torch.Tensor, req_ids: list[str]) -> torch.Tensor:
         """The distribution each row of `sample` draws from at this step ([n, vocab],
         rows sum to 1; a greedy row is one-hot at its argmax). Draws nothing and advances

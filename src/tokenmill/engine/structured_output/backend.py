@@ -9,6 +9,7 @@ bitmask of every constrained row of the batch in one call.
     CompiledGrammar.matcher() -> Matcher
     Matcher.accept_token(t) -> bool    False: t is not allowed here (matcher is then dead)
     Matcher.is_terminated()            the grammar is complete and admits nothing more
+    Matcher.validate_tokens(ts) -> n   how many of ts, in order, it would accept (no change)
     Matcher.rollback(k)                undo the last k accepted tokens
     GrammarBackend.fill_bitmask([(matcher, row)], bitmask)
     GrammarBackend.accept_tokens([(matcher, token)]) -> [accepted]   the batch, one call
@@ -28,6 +29,8 @@ class Matcher(Protocol):
     def accept_token(self, token_id: int) -> bool: ...
 
     def is_terminated(self) -> bool: ...
+
+    def validate_tokens(self, token_ids: list[int]) -> int: ...
 
     def rollback(self, num_tokens: int) -> None: ...
 

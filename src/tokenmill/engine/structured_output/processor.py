@@ -56,12 +56,19 @@ class StructuredOutputProcessor:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenmill-mask")
         self._prefetched: list[tuple[int, _Row]] | None = None
         self._prefetch: Future[None] | None = None
+        # Every matcher has consumed its row's history (set by _catch_up; rows only grow
+        # between finished_rows calls, which catch up, or arrive with update_state).
+        self._caught_up = True
+        # The row-index tensor of the last apply, reused while the live rows are the same.
+        self._index_rows: list[int] = []
+        self._index = torch.zeros(0, dtype=torch.int64)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
             return
         self._join()  # the fill in flight reads the matchers about to change hands
         self._prefetched = None
+        self._caught_up = False
         self._rows = batch_update.remap(self._rows)
         for added in batch_update.added:
             spec = added.params.structured_outputs
@@ -73,7 +80,8 @@ class StructuredOutputProcessor:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         # logits: [batch, vocab] float32
-        self._catch_up()
+        if not self._caught_up:
+            self._catch_up()
         live = self._live()
         if not live:
             return logits
@@ -81,8 +89,10 @@ class StructuredOutputProcessor:
         if self._prefetched != live:
             self._fill(live)  # rows changed since the prefetch (or none ran)
         self._prefetched = None
-        rows = torch.tensor([i for i, _ in live], dtype=torch.int64)
-        apply_token_bitmask_(logits, self._bitmask[: len(live)], rows)
+        indices = [i for i, _ in live]
+        if indices != self._index_rows:
+            self._index_rows, self._index = indices, torch.tensor(indices, dtype=torch.int64)
+        apply_token_bitmask_(logits, self._bitmask[: len(live)], self._index)
         return logits
 
     def finished_rows(self) -> list[int]:
@@ -94,6 +104,18 @@ class StructuredOutputProcessor:
             self._prefetched = live
             self._prefetch = self._pool.submit(self._fill, live)
         return finished
+
+    def num_valid_drafts(self, index: int, drafts: list[int]) -> int:
+        """How many leading draft tokens row `index`'s grammar allows from where it stands
+        (speculative decoding cuts the rest before verification). Changes nothing."""
+        row = self._rows.get(index)
+        if row is None:
+            return len(drafts)
+        self._catch_up()
+        self._join()  # the fill in flight reads this matcher
+        if row.failed or row.terminated:
+            return 0
+        return row.matcher.validate_tokens(drafts)
 
     def failed_rows(self) -> list[int]:
         return [i for i, row in self._rows.items() if row.failed]
@@ -116,6 +138,7 @@ class StructuredOutputProcessor:
         """Feed every matcher the tokens its row produced since; rows one token behind
         (every decoding row, each step) go to the backend as one batch."""
         pending = [r for r in self._rows.values() if not r.failed and r.consumed < len(r.output_token_ids)]
+        self._caught_up = True
         if not pending:
             return
         self._join()  # a fill in flight must not see a matcher move
