@@ -11,9 +11,37 @@ inputs costs the same few numpy calls whether the batch holds 1 request or 64.
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
 
+import numpy as np
+import torch
+
+from tokenmill.engine.runner.attention import AttentionMetadata
 from tokenmill.engine.scheduler_output import CachedRequestData, NewRequestData
+
+
+@dataclass
+class Spans:
+    """Consecutive positions [start, start + length) of some rows, flattened into one batch
+    of T tokens (row r owns tokens query_start[r]:query_start[r + 1])."""
+
+    positions: np.ndarray  # int64 [T]
+    token_rows: np.ndarray  # int64 [T], the batch row of each token
+    query_start: np.ndarray  # int64 [R + 1]
+    slot_mapping: np.ndarray  # int64 [T], the KV slot of each position
+
+    def metadata(self, batch: InputBatch, rows: np.ndarray, seq_lens: np.ndarray, device: torch.device) -> AttentionMetadata:
+        """Attention metadata for these spans, each row's context ending at seq_lens."""
+        block_size = batch.block_size
+        max_blocks = int(-(-seq_lens.max() // block_size))
+        return AttentionMetadata.build(
+            block_table=torch.from_numpy(batch.block_table[rows, :max_blocks]).to(device),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(device),
+            query_start_loc=torch.from_numpy(self.query_start.astype(np.int32)).to(device),
+            slot_mapping=torch.from_numpy(self.slot_mapping).to(device),
+            max_query_len=int(np.diff(self.query_start).max()),
+            block_size=block_size,
+        )
 
 
 class InputBatch:
@@ -85,6 +113,18 @@ class InputBatch:
         self.token_ids[row, n : n + len(token_ids)] = token_ids
         self.num_tokens[row] = n + len(token_ids)
         self.num_drafts[row] = 0
+
+    def spans(self, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> Spans:
+        """Positions starts[i] .. starts[i] + lengths[i] - 1 of each rows[i], with slots."""
+        cu = np.cumsum(lengths)
+        query_start = np.zeros(len(rows) + 1, np.int64)
+        query_start[1:] = cu
+        req_of_token = np.repeat(np.arange(len(rows)), lengths)
+        positions = starts[req_of_token] + np.arange(int(cu[-1])) - query_start[req_of_token]
+        token_rows = rows[req_of_token]
+        block_ids = self.block_table[token_rows, positions // self.block_size]
+        slot_mapping = block_ids.astype(np.int64) * self.block_size + positions % self.block_size
+        return Spans(positions, token_rows, query_start, slot_mapping)
 
     def prompt_token_ids(self, req_id: str) -> np.ndarray:
         row = self.row_of[req_id]

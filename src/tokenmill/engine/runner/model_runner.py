@@ -294,20 +294,12 @@ class ModelRunner:
         batch = self.input_batch
         rows = np.fromiter((batch.row_of[r] for r in req_ids), np.int64, len(req_ids))
         num_sched = np.fromiter(sched.num_scheduled_tokens.values(), np.int64, len(req_ids))
-        num_reqs = len(req_ids)
         cu = np.cumsum(num_sched)
-        total = int(cu[-1])
-        query_start = np.zeros(num_reqs + 1, np.int64)
-        query_start[1:] = cu
         start = batch.num_computed_tokens[rows].astype(np.int64)
-        req_of_token = np.repeat(np.arange(num_reqs), num_sched)
-        positions = start[req_of_token] + np.arange(total) - query_start[req_of_token]
-        token_rows = rows[req_of_token]
-        input_ids = batch.token_ids[token_rows, positions]
-        block_ids = batch.block_table[token_rows, positions // self.block_size]
-        slot_mapping = block_ids.astype(np.int64) * self.block_size + positions % self.block_size
+        spans = batch.spans(rows, start, num_sched)
+        positions, query_start = spans.positions, spans.query_start
+        input_ids = batch.token_ids[spans.token_rows, positions]
         seq_lens = start + num_sched
-        max_blocks = int(-(-seq_lens.max() // self.block_size))
         num_drafts = batch.num_drafts[rows].astype(np.int64)
         samples = seq_lens == batch.num_tokens[rows] + num_drafts
         # A sampling request is scored at its last 1 + drafts positions.
@@ -319,14 +311,7 @@ class ModelRunner:
         # CachedRequestData of the next step must agree.
         batch.num_computed_tokens[rows] = seq_lens
         dev = self.device
-        metadata = AttentionMetadata.build(
-            block_table=torch.from_numpy(batch.block_table[rows, :max_blocks]).to(dev),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
-            query_start_loc=torch.from_numpy(query_start.astype(np.int32)).to(dev),
-            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
-            max_query_len=int(num_sched.max()),
-            block_size=self.block_size,
-        )
+        metadata = spans.metadata(batch, rows, seq_lens, dev)
         return _StepInputs(
             input_ids=torch.from_numpy(input_ids.astype(np.int64)).to(dev),
             positions=torch.from_numpy(positions).to(dev),

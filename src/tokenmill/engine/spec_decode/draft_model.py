@@ -106,37 +106,20 @@ class DraftModel:
         """One draft forward over positions [starts[r], ends[r]) of each row (their
         tokens from the batch, or `input_ids` for single positions past the tokens);
         returns the argmax after each row's last position."""
-        batch, block_size = self.batch, self.batch.block_size
-        lengths = ends - starts
-        cu = np.cumsum(lengths)
-        total = int(cu[-1])
-        query_start = np.zeros(len(rows) + 1, np.int64)
-        query_start[1:] = cu
-        req_of_token = np.repeat(np.arange(len(rows)), lengths)
-        positions = starts[req_of_token] + np.arange(total) - query_start[req_of_token]
-        token_rows = rows[req_of_token]
+        batch, dev = self.batch, self.device
+        spans = batch.spans(rows, starts, ends - starts)
+        positions = spans.positions
         if input_ids is None:
-            ids = batch.token_ids[token_rows, positions].astype(np.int64)
+            ids = batch.token_ids[spans.token_rows, positions].astype(np.int64)
         else:
             ids = np.asarray(input_ids, np.int64)
-        block_ids = batch.block_table[token_rows, positions // block_size]
-        slots = block_ids.astype(np.int64) * block_size + positions % block_size
-        max_blocks = int(-(-ends.max() // block_size))
-        dev = self.device
-        metadata = AttentionMetadata.build(
-            block_table=torch.from_numpy(batch.block_table[rows, :max_blocks]).to(dev),
-            seq_lens=torch.from_numpy(ends.astype(np.int32)).to(dev),
-            query_start_loc=torch.from_numpy(query_start.astype(np.int32)).to(dev),
-            slot_mapping=torch.from_numpy(slots).to(dev),
-            max_query_len=int(lengths.max()),
-            block_size=block_size,
-        )
+        metadata = spans.metadata(batch, rows, ends, dev)
         begin = time.perf_counter()
         hidden = self.model(
             torch.from_numpy(ids).to(dev), torch.from_numpy(positions).to(dev),
             self.bind(metadata), self.num_layers,
         )
-        last = torch.from_numpy(cu - 1).to(dev)
+        last = torch.from_numpy(spans.query_start[1:] - 1).to(dev)
         tokens = self.model.compute_logits(hidden[last]).argmax(dim=-1).tolist()
         if input_ids is not None:  # single-position forwards: what the policy prices
             self._timings.append((len(rows), time.perf_counter() - begin))
