@@ -434,15 +434,15 @@ class Scheduler:
                     new_logprobs = [
                         sampled_logprobs.position(first_row + i, k) for i in range(len(new_token_ids))
                     ]
-                if request.is_finished:
-                    pass  # a stop token or max_tokens among the accepted drafts
-                elif req_id in runner_output.stopped_req_ids:
-                    request.status = RequestStatus.FINISHED_STOPPED  # its grammar ended
-                    grammar_ended = new_token_ids[-1] not in request.eos_token_ids
-                elif req_id in runner_output.failed_req_ids:
-                    request.status = RequestStatus.FINISHED_ABORTED
-                else:
-                    self._check_stop(request)
+                # Unless a stop token or max_tokens among the accepted drafts ended it:
+                if not request.is_finished:
+                    if req_id in runner_output.stopped_req_ids:
+                        request.status = RequestStatus.FINISHED_STOPPED  # its grammar ended
+                        grammar_ended = new_token_ids[-1] not in request.eos_token_ids
+                    elif req_id in runner_output.failed_req_ids:
+                        request.status = RequestStatus.FINISHED_ABORTED
+                    else:
+                        self._check_stop(request)
                 if not request.is_finished:
                     if num_drafts:
                         self.kv_cache.truncate(request, request.num_tokens)

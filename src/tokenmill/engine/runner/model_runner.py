@@ -123,7 +123,6 @@ class ModelRunner:
         )
         # req_id -> top-k of the prompt logprobs it asked for (only while its prompt runs).
         self.prompt_logprobs_k: dict[str, int] = {}
-        self.speculative = speculative
         self.proposer = self._build_proposer(speculative, draft)
 
     def _budget_without_draft(
