@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
-	$(BIN)/python -c "import torch; from tokenmill.engine.runner.attention import load_cpu_kernel; from tokenmill.engine.models.layers.fused import select_layer_ops; from tokenmill.engine.structured_output import bitmask; load_cpu_kernel(); select_layer_ops(torch.device('cpu'), torch.float32); bitmask.load_cpu_kernel()"
+	$(BIN)/python -c "import torch; from tokenmill.engine.runner.attention import load_cpu_kernel; from tokenmill.engine.models.layers.fused import select_layer_ops; from tokenmill.engine.structured_output import bitmask; load_cpu_kernel(); select_layer_ops(torch.device('cpu'), torch.float32); bitmask.load_cpu_kernel(); from tokenmill.engine.quantization import int8_activations; int8_activations.load_cpu_kernel()"
 	touch $(STAMP)
 
 # The gateway's tests run a real Redis (shared cache and rate limits): Debian's redis-server.

@@ -18,6 +18,7 @@ from tokenmill.engine.config import EngineConfig, ModelConfig
 from tokenmill.engine.loader.tokenizer import Tokenizer
 from tokenmill.engine.logits.registry import registered_processors
 from tokenmill.engine.outputs import EngineCoreOutput
+from tokenmill.engine.quantization.smoothing import calibration_token_ids
 from tokenmill.engine.request import Request, RequestStatus, SamplingParams
 from tokenmill.engine.runner.model_runner import ModelRunner
 from tokenmill.engine.scheduler import Scheduler
@@ -56,6 +57,7 @@ class EngineCore:
             config.model, weights, config.cache, config.scheduler, config.device,
             logits_processors=logits_processors, grammar_compiler=self.grammar_compiler,
             quantization=config.quantization, speculative=config.speculative, draft=draft,
+            calibration_ids=_calibration_ids(config, tokenizer),
         )
         self.runner.warm_up()
         capacity = self.runner.num_blocks * config.cache.block_size
@@ -161,3 +163,12 @@ class EngineCore:
 
     def embed(self, token_ids: list[int]) -> list[float]:
         return self.runner.embed(token_ids).tolist()
+
+
+def _calibration_ids(config: EngineConfig, tokenizer: Tokenizer | None) -> list[int] | None:
+    """int8 weights quantized at load time are calibrated for int8 activations on a fixed
+    text (quantization/smoothing.py), which needs the tokenizer."""
+    q = config.quantization
+    if tokenizer is None or q is None or q.method != "int8":
+        return None
+    return calibration_token_ids(tokenizer)

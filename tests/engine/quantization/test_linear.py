@@ -36,7 +36,7 @@ def test_quantize_linears_swaps_only_decoder_projections(tiny_config, tiny_model
     model = LlamaForCausalLM(tiny_config, 64)
     model.load_weights(dict(tiny_model_weights))
     before = weight_bytes(model)
-    assert quantize_linears(model.layers, QuantConfig("int8")) == 4 * tiny_config.num_layers
+    assert quantize_linears(model, QuantConfig("int8")) == 4 * tiny_config.num_layers
     assert isinstance(model.lm_head, torch.nn.Linear)
     assert all(isinstance(layer.qkv_proj, QuantizedLinear) for layer in model.layers)
     # float32 projections (4 bytes a weight) -> 1 byte + a float32 scale per row

@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from tokenmill.engine.loader.checkpoint import Checkpoint, load_checkpoint
+from tokenmill.engine.models.registry import build_model
+from tokenmill.engine.quantization.apply import quantize_linears
 from tokenmill.engine.quantization.checkpoint import save_quantized
 from tokenmill.engine.quantization.config import QuantConfig
+from tokenmill.engine.quantization.smoothing import calibration_token_ids
 from tokenmill.engine.quantization.weights import QuantizedWeight, pack_int4, quantize, unpack_int4
 
 
@@ -32,9 +35,18 @@ def test_save_and_load_quantized(tmp_path, byte_model, method, group) -> None:
     loaded = load_checkpoint(out)
     assert loaded.quantization == scheme
     name = "model.layers.1.mlp.down_proj.weight"
-    want = quantize(weights[name], scheme)
     got = loaded.weights[name]
     assert isinstance(got, QuantizedWeight)
+    if method == "int8":  # smoothed for int8 activations, calibrated as load-time int8 is
+        model = build_model(config, 512)
+        model.load_weights(dict(weights))
+        quantize_linears(model, scheme, calibration_token_ids(tokenizer))
+        assert got.smooth is not None and torch.equal(got.smooth, model.layers[1].down_proj.smooth)
+        q, k, v = (loaded.weights[f"model.layers.0.self_attn.{n}_proj.weight"].smooth for n in "qkv")
+        assert torch.equal(q, k) and torch.equal(q, v)  # one input, one set of factors
+    else:
+        assert got.smooth is None
+    want = quantize(weights[name], scheme, got.smooth)
     assert torch.equal(got.qweight, want.qweight) and torch.equal(got.scales, want.scales)
     assert torch.equal(loaded.weights["model.norm.weight"], weights["model.norm.weight"].bfloat16().float())
     with pytest.raises(ValueError, match="already"):

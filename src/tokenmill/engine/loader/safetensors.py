@@ -175,7 +175,7 @@ def load_safetensors_weights(
 
 
 # A tokenmill-quantized weight NAME.weight is stored as these tensors.
-QUANTIZED_PARTS = ("qweight", "scales", "zeros")
+QUANTIZED_PARTS = ("qweight", "scales", "zeros", "smooth")
 
 
 def quantization_from_hf(config: dict[str, Any]) -> QuantConfig | None:
@@ -194,7 +194,7 @@ def quantization_from_hf(config: dict[str, Any]) -> QuantConfig | None:
 
 def _quantized_weight(name: str, tensors: dict[str, torch.Tensor], scheme: QuantConfig) -> QuantizedWeight:
     needed = {"qweight", "scales", *(("zeros",) if scheme.method == "int4" else ())}
-    if set(tensors) != needed:
+    if set(tensors) - {"smooth"} != needed or ("smooth" in tensors and scheme.method != "int8"):
         raise ValueError(f"quantized weight {name!r} has parts {sorted(tensors)}, {scheme.method} needs {sorted(needed)}")
     zeros = tensors.get("zeros")
     codes = tensors["qweight"]
@@ -206,6 +206,7 @@ def _quantized_weight(name: str, tensors: dict[str, torch.Tensor], scheme: Quant
         tensors["scales"].float(),
         None if zeros is None else zeros.float(),
         scheme.group_size if scheme.method == "int4" else 0,
+        None if "smooth" not in tensors else tensors["smooth"].float(),
     )
 
 

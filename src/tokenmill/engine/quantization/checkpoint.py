@@ -8,6 +8,7 @@ model-quantized.safetensors instead:
                   uint8 [N, K / 2] (int4: code 2j in the low nibble of byte j, 2j + 1 high)
     NAME.scales   float32 [N] or [N, K / group_size]
     NAME.zeros    float32 [N, K / group_size]  (int4 only)
+    NAME.smooth   float32 [K]  (int8 only: SmoothQuant factors, calibrated as at load time)
 
 and config.json's `quantization_config` = {"quant_method": "tokenmill", "method", "group_size"}
 records the scheme, which the loader reads back (loader/safetensors.py). A GGUF's Q4 blocks
@@ -21,11 +22,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 
 from tokenmill.engine.loader.checkpoint import Checkpoint
 from tokenmill.engine.loader.hf_export import export_hf
+from tokenmill.engine.models.registry import build_model
 from tokenmill.engine.quantization.config import QuantConfig
+from tokenmill.engine.quantization.smoothing import (
+    CALIBRATION_WINDOW,
+    calibration_token_ids,
+    smooth_projections,
+)
 from tokenmill.engine.quantization.weights import QuantizedWeight, pack_int4, quantize
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -41,11 +49,12 @@ def save_quantized(checkpoint: Checkpoint, out_dir: str | Path, config: QuantCon
         raise ValueError(f"the checkpoint is already {checkpoint.quantization.method}; it cannot become {config.method}")
     floats: dict[str, Any] = {}
     quantized: dict[str, QuantizedWeight] = {}
+    smooth = _smoothing(checkpoint) if config.method == "int8" else {}
     for name, weight in checkpoint.weights.items():
         if isinstance(weight, QuantizedWeight):
             quantized[name] = weight
         elif is_projection(name):
-            quantized[name] = quantize(weight, config)
+            quantized[name] = quantize(weight, config, smooth.get(name))
         else:
             floats[name] = weight
     out = export_hf(dataclasses.replace(checkpoint, weights=floats), out_dir, dtype)
@@ -57,6 +66,8 @@ def save_quantized(checkpoint: Checkpoint, out_dir: str | Path, config: QuantCon
         tensors[f"{base}.scales"] = weight.scales.float().contiguous()
         if weight.zeros is not None:
             tensors[f"{base}.zeros"] = weight.zeros.float().contiguous()
+        if weight.smooth is not None:
+            tensors[f"{base}.smooth"] = weight.smooth.float().clone()  # q|k|v share theirs
     save_file(tensors, str(out / "model-quantized.safetensors"), metadata={"format": "pt"})
     config_path = out / "config.json"
     hf = json.loads(config_path.read_text(encoding="utf-8"))
@@ -67,3 +78,26 @@ def save_quantized(checkpoint: Checkpoint, out_dir: str | Path, config: QuantCon
     config_path.write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
     return out
 
+
+# A fused projection of the model -> the HF projections it is made of (they share its input).
+_HF_PARTS = {
+    "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o_proj": ("self_attn.o_proj",),
+    "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "down_proj": ("mlp.down_proj",),
+}
+
+
+def _smoothing(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """HF projection weight name -> SmoothQuant factors, calibrated as load-time int8
+    weights are (smoothing.py) on the float model the checkpoint builds."""
+    if any(isinstance(w, QuantizedWeight) for w in checkpoint.weights.values()):
+        return {}
+    model = build_model(checkpoint.config, CALIBRATION_WINDOW)
+    model.load_weights(dict(checkpoint.weights))
+    model.eval()
+    factors = smooth_projections(model, tuple(_HF_PARTS), calibration_token_ids(checkpoint.tokenizer))
+    return {
+        f"model.layers.{i}.{part}.weight": s
+        for (i, fused), s in factors.items() for part in _HF_PARTS[fused]
+    }

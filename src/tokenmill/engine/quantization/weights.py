@@ -6,6 +6,9 @@ For a float weight W [N, K] (N output channels):
           z = min + 8 s                                                       W ~ (q - 8) s + z
           (the zero point lives in the float domain, as the packed int4 kernels want it)
     fp8   q = e4m3(W / s), s per row n: amax / (448 k), the k in [0.8, 1] of least error  W ~ q * s
+An int8 weight may carry SmoothQuant factors `smooth` [K] (smoothing.py): its codes are
+then those of W diag(smooth), the activations it multiplies are divided by `smooth`, and
+W ~ q * s / smooth[None, :].
 GGUF's Q4_0 (x = d (q - 8)) and Q4_1 (x = d q + m) blocks of 32 are int4 groups of 32
 already: s = d and z = 0 (Q4_0) or z = m + 8 d (Q4_1), taken over without building W.
 """
@@ -29,6 +32,7 @@ class QuantizedWeight:
     scales: torch.Tensor  # float32 [N] (int8, fp8) or [N, K / group_size] (int4)
     zeros: torch.Tensor | None = None  # float32 [N, K / group_size] (int4)
     group_size: int = 0
+    smooth: torch.Tensor | None = None  # float32 [K] (int8 with int8 activations)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -43,7 +47,8 @@ class QuantizedWeight:
     def dequantize(self) -> torch.Tensor:
         """The float32 weight these codes stand for."""
         if self.method == "int8":
-            return self.qweight.float() * self.scales[:, None]
+            w = self.qweight.float() * self.scales[:, None]
+            return w if self.smooth is None else w / self.smooth[None, :]
         if self.method == "fp8":
             return self.qweight.view(torch.float8_e4m3fn).float() * self.scales[:, None]
         assert self.zeros is not None
@@ -58,16 +63,24 @@ class QuantizedWeight:
         scales = fn(self.scales if self.scales.dim() == 2 else self.scales[:, None])
         if self.scales.dim() == 1:
             scales = scales[:, 0]
-        return QuantizedWeight(self.method, fn(self.qweight), scales.contiguous(), zeros, self.group_size)
+        return QuantizedWeight(
+            self.method, fn(self.qweight), scales.contiguous(), zeros, self.group_size, self.smooth
+        )
 
 
-def quantize(weight: torch.Tensor, config: QuantConfig) -> QuantizedWeight:
-    """Quantize a float weight [N, K] by `config`."""
+def quantize(weight: torch.Tensor, config: QuantConfig, smooth: torch.Tensor | None = None) -> QuantizedWeight:
+    """Quantize a float weight [N, K] by `config`; `smooth` [K] (int8 only): quantize
+    W diag(smooth) and keep the factors (see the top)."""
     w = weight.detach().float()
+    if smooth is not None and config.method != "int8":
+        raise ValueError(f"smoothing factors apply to int8 weights, not {config.method}")
     if config.method == "int8":
+        if smooth is not None:
+            smooth = smooth.detach().float().contiguous()
+            w = w * smooth[None, :]
         scales = (w.abs().amax(dim=1) / 127.0).clamp_(min=1e-12)
         q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-        return QuantizedWeight("int8", q, scales)
+        return QuantizedWeight("int8", q, scales, smooth=smooth)
     if config.method == "fp8":
         return _quantize_fp8(w)
     g = config.group_size
@@ -109,6 +122,13 @@ def cat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
     first = parts[0]
     if any(p.method != first.method or p.group_size != first.group_size for p in parts):
         raise ValueError("cannot fuse weights quantized differently")
+    smooth = first.smooth
+    if any(
+        (p.smooth is None) != (smooth is None)
+        or (p.smooth is not None and smooth is not None and not torch.equal(p.smooth, smooth))
+        for p in parts
+    ):
+        raise ValueError("cannot fuse int8 weights with different smoothing factors (they share one input)")
     zeros = None if first.zeros is None else torch.cat([p.zeros for p in parts if p.zeros is not None])
     return QuantizedWeight(
         first.method,
@@ -116,6 +136,7 @@ def cat_rows(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
         torch.cat([p.scales for p in parts]),
         zeros,
         first.group_size,
+        first.smooth,
     )
 
 

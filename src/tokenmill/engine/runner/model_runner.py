@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,8 +89,11 @@ class ModelRunner:
         quantization: QuantConfig | None = None,
         speculative: SpeculativeConfig | None = None,
         draft: tuple[ModelConfig, dict[str, Any]] | None = None,
+        calibration_ids: Sequence[int] | None = None,
     ) -> None:
-        """`draft`: the config and weights of a separate draft model (speculative)."""
+        """`draft`: the config and weights of a separate draft model (speculative);
+        `calibration_ids`: tokens that calibrate int8 weights for int8 activations
+        (quantization/smoothing.py; without them int8 weights run weight-only)."""
         if device_config.num_threads is not None:
             torch.set_num_threads(device_config.num_threads)
         self.device = torch.device(device_config.device)
@@ -99,6 +103,7 @@ class ModelRunner:
         self.max_model_len = scheduler_config.max_model_len
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.quantization = quantization
+        self.calibration_ids = calibration_ids
         self.model = self._load_model(model_config, weights)
         cache_config = self._budget_without_draft(cache_config, draft)
         self.kv_cache = KVCacheTensors.allocate(
@@ -174,7 +179,7 @@ class ModelRunner:
         model = build_model(config, self.max_model_len, select_layer_ops(self.device, self.dtype))
         model.load_weights(weights)
         if self.quantization is not None:
-            quantize_linears(model.layers, self.quantization)
+            quantize_linears(model, self.quantization, self.calibration_ids)
         model = model.to(device=self.device, dtype=self.dtype)
         prepare_quantized(model)
         # RoPE tables stay float32 (cast per step) so positions far out stay exact.
