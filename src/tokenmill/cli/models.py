@@ -92,7 +92,9 @@ def quantize_command(args: argparse.Namespace) -> int:
 
     try:
         config = QuantConfig(args.to, args.group_size)
-        checkpoint = load_checkpoint(resolve_model(args.name), keep_int4=config.takes_gguf_int4)
+        checkpoint = load_checkpoint(
+            resolve_model(args.name), keep_int4=config.takes_gguf_int4, keep_int8=config.takes_gguf_int8
+        )
         out = save_quantized(checkpoint, args.out, config)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -67,7 +67,11 @@ class EngineArgs:
         quantization = QuantConfig.parse(self.quantization, self.quantization_group_size)
         speculative = SpeculativeConfig.parse(self.speculative)
         path = resolve_model(self.model)
-        checkpoint = load_checkpoint(path, keep_int4=quantization is not None and quantization.takes_gguf_int4)
+        checkpoint = load_checkpoint(
+            path,
+            keep_int4=quantization is not None and quantization.takes_gguf_int4,
+            keep_int8=quantization is not None and quantization.takes_gguf_int8,
+        )
         stored = checkpoint.quantization
         if stored is not None and quantization is not None and stored != quantization:
             raise ValueError(

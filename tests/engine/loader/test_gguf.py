@@ -40,8 +40,9 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def write_tiny_gguf(path: Path, arch: str) -> dict[str, np.ndarray]:
-    """A 2-layer model with one tensor per storage type; returns the float values the loader must produce."""
+def write_tiny_gguf(path: Path, arch: str, projections: Q | None = None) -> dict[str, np.ndarray]:
+    """A 2-layer model with one tensor per storage type (or every projection stored as
+    `projections`); returns the float values the loader must produce."""
     rng = np.random.default_rng(0)
     vocab = len(TOKENS)
     writer = gguf.GGUFWriter(str(path), arch)
@@ -70,6 +71,8 @@ def write_tiny_gguf(path: Path, arch: str) -> dict[str, np.ndarray]:
     expected: dict[str, np.ndarray] = {}
 
     def add(gguf_name: str, hf_name: str, values: np.ndarray, qtype: Q) -> None:
+        if projections is not None and any(p in gguf_name for p in (".attn_", ".ffn_gate", ".ffn_up", ".ffn_down")):
+            qtype = projections
         if qtype == Q.F32:
             writer.add_tensor(gguf_name, values)
             expected[hf_name] = values
@@ -93,12 +96,21 @@ def write_tiny_gguf(path: Path, arch: str) -> dict[str, np.ndarray]:
         # Q and K are stored as F32 in llama.cpp's permuted order: the loader must give back
         # exactly the HF-layout matrices.
         q, k = rand(HEADS * HEAD_DIM, HIDDEN), rand(KV_HEADS * HEAD_DIM, HIDDEN)
-        writer.add_tensor(f"blk.{i}.attn_q.weight", llama_cpp_permute(q, HEADS) if permute else q)
-        writer.add_tensor(
-            f"blk.{i}.attn_k.weight", llama_cpp_permute(k, KV_HEADS) if permute else k
-        )
-        expected[hf + "self_attn.q_proj.weight"] = q
-        expected[hf + "self_attn.k_proj.weight"] = k
+        if projections is None:
+            writer.add_tensor(f"blk.{i}.attn_q.weight", llama_cpp_permute(q, HEADS) if permute else q)
+            writer.add_tensor(
+                f"blk.{i}.attn_k.weight", llama_cpp_permute(k, KV_HEADS) if permute else k
+            )
+            expected[hf + "self_attn.q_proj.weight"] = q
+            expected[hf + "self_attn.k_proj.weight"] = k
+        else:  # blocks run along rows: permuting rows commutes with (de)quantizing them
+            for name, values, heads in (("q", q, HEADS), ("k", k, KV_HEADS)):
+                add(f"blk.{i}.attn_{name}.weight", hf + f"self_attn.{name}_proj.weight",
+                    llama_cpp_permute(values, heads) if permute else values, projections)
+                if permute:
+                    expected[hf + f"self_attn.{name}_proj.weight"] = unpermute_qk(
+                        torch.from_numpy(np.ascontiguousarray(expected[hf + f"self_attn.{name}_proj.weight"])), heads
+                    ).numpy()
         add(
             f"blk.{i}.attn_v.weight",
             hf + "self_attn.v_proj.weight",
@@ -165,6 +177,33 @@ def test_tiny_gguf_weights_config_and_names(tmp_path: Path, arch: str) -> None:
     assert config.bos_token_id == 0
     assert config.eos_token_ids == (1,)
     assert config.architecture == arch
+
+
+def test_q8_0_projections_kept_as_int8(tmp_path: Path) -> None:
+    from tokenmill import LLM, SamplingParams
+    from tokenmill.engine.quantization.linear import QuantizedLinear
+    from tokenmill.engine.quantization.weights import QuantizedWeight
+
+    path = tmp_path / "q8.gguf"
+    expected = write_tiny_gguf(path, "llama", projections=Q.Q8_0)
+    kept = load_gguf(path, keep_int8=True).weights
+    floats = load_gguf(path).weights
+    for i in range(LAYERS):
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            key = f"model.layers.{i}.{name}.weight"
+            weight = kept[key]
+            assert isinstance(weight, QuantizedWeight) and weight.method == "int8", key
+            want = torch.from_numpy(np.ascontiguousarray(expected[key]))
+            assert torch.equal(floats[key], want)
+            # each code within half a step of its row's scale of the stored value
+            assert ((weight.dequantize() - want).abs() <= 0.5 * weight.scales[:, None] + 1e-6).all(), key
+    assert not isinstance(kept["model.embed_tokens.weight"], QuantizedWeight)  # not a projection
+    llm = LLM(str(path), dtype="float32", quantization="int8", kv_cache_memory_bytes=1 << 22, max_model_len=128)
+    layer = llm.engine.runner.model.layers[0]
+    assert isinstance(layer.qkv_proj, QuantizedLinear) and layer.qkv_proj.smooth is None  # codes kept, weight-only
+    out = llm.generate([{"prompt_token_ids": [2, 3, 4]}], SamplingParams(max_tokens=3, temperature=0))
+    assert len(out[0].outputs[0].token_ids) == 3
 
 
 def test_metadata_matches_gguf_reader(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tokenmill.engine.quantization.config import QuantConfig
-from tokenmill.engine.quantization.weights import cat_rows, from_gguf_q4, quantize
+from tokenmill.engine.quantization.weights import cat_rows, from_gguf_q4, from_gguf_q8, quantize
 
 
 def test_int8_codes_and_scales_exact() -> None:
@@ -64,6 +64,23 @@ def test_gguf_q4_blocks_taken_over_exactly(with_min) -> None:
     assert q.dequantize()[0].tolist() == want
 
 
+def q8_block(d: float, codes: list[int]) -> bytes:
+    return struct.pack("<e", d) + struct.pack("<32b", *codes)
+
+
+def test_gguf_q8_blocks_become_int8_rows_from_their_codes() -> None:
+    codes = [(11 * i) % 255 - 127 for i in range(64)]  # reaches -127 and 127
+    # row 0: both blocks at d = 0.5 -> the codes as they are, scale 0.5
+    # row 1: d = 0.5 then 0.125 -> row scale 0.5, second block's codes / 4, rounded (half to even)
+    raw = q8_block(0.5, codes[:32]) + q8_block(0.5, codes[32:]) + q8_block(0.5, codes[:32]) + q8_block(0.125, codes[32:])
+    blocks = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(4, 34)
+    q = from_gguf_q8(blocks, (2, 64), rows_per_chunk=1)
+    assert q.method == "int8" and q.scales.tolist() == [0.5, 0.5]
+    assert q.qweight[0].tolist() == codes
+    assert q.qweight[1].tolist() == codes[:32] + [round(c / 4) for c in codes[32:]]
+    assert all(abs(w - x) <= 0.25 for w, x in zip(q.dequantize()[1, 32:].tolist(), [0.125 * c for c in codes[32:]], strict=True))
+
+
 def test_fused_rows_and_permutation() -> None:
     g = torch.Generator().manual_seed(1)
     a, b = (quantize(torch.randn(n, 64, generator=g), QuantConfig("int4", 32)) for n in (4, 2))
@@ -81,3 +98,4 @@ def test_only_int4_groups_of_32_take_gguf_blocks_over() -> None:
     assert QuantConfig("int4", 32).takes_gguf_int4
     assert not QuantConfig("int4", 64).takes_gguf_int4
     assert not QuantConfig("int8").takes_gguf_int4
+    assert QuantConfig("int8").takes_gguf_int8 and not QuantConfig("int4").takes_gguf_int8

@@ -39,9 +39,9 @@ class Checkpoint:
     quantization: QuantConfig | None = None
 
 
-def load_checkpoint(path: str | Path, keep_int4: bool = False) -> Checkpoint:
+def load_checkpoint(path: str | Path, keep_int4: bool = False, keep_int8: bool = False) -> Checkpoint:
     """Load a `.gguf` file or an HF checkpoint directory. `keep_int4`: a GGUF's Q4_0/Q4_1
-    projections stay int4 codes (see load_gguf)."""
+    projections stay int4 codes; `keep_int8`: its Q8_0 ones become int8 codes (load_gguf)."""
     path = Path(path).expanduser()
     quantization: QuantConfig | None = None
     if not path.exists():
@@ -49,11 +49,13 @@ def load_checkpoint(path: str | Path, keep_int4: bool = False) -> Checkpoint:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"{path} is a file but not a .gguf checkpoint")
-        contents = load_gguf(path, keep_int4=keep_int4)
+        contents = load_gguf(path, keep_int4=keep_int4, keep_int8=keep_int8)
         config, weights = contents.config, contents.weights
         tokenizer = Tokenizer.from_gguf(contents.metadata)
-        if any(isinstance(w, QuantizedWeight) for w in weights.values()):
-            quantization = QuantConfig("int4", 32)
+        kept = {w.method for w in weights.values() if isinstance(w, QuantizedWeight)}
+        if kept:
+            (method,) = kept  # one of keep_int4 / keep_int8 is asked for at a time
+            quantization = QuantConfig(method, 32)
     else:
         directory = HFDirectory.open(path)
         config = model_config_from_hf(directory.config, directory.generation_config)

@@ -39,7 +39,7 @@ from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType,
 from gguf.quants import dequantize as gguf_dequantize
 
 from tokenmill.engine.config import ModelConfig
-from tokenmill.engine.quantization.weights import QuantizedWeight, from_gguf_q4
+from tokenmill.engine.quantization.weights import QuantizedWeight, from_gguf_q4, from_gguf_q8
 
 _SUPPORTED_VERSIONS = (2, 3)
 _SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -204,6 +204,13 @@ class GGUFFile:
         blocks = raw.view(-1, 20 if with_min else 18)
         rows, cols = info.shape
         return from_gguf_q4(blocks, with_min, (rows, cols))
+
+    def read_int8(self, name: str) -> QuantizedWeight:
+        """A Q8_0 matrix as int8 codes with one scale per row (weights.from_gguf_q8)."""
+        info = self.tensors[name]
+        raw = torch.frombuffer(self._map, dtype=torch.uint8, count=info.num_bytes, offset=info.offset)
+        rows, cols = info.shape
+        return from_gguf_q8(raw.view(-1, 34), (rows, cols))
 
 
 _Q4_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1})
@@ -389,12 +396,12 @@ def unpermute_qk(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
     return paired.transpose(1, 2).reshape(tensor.shape).contiguous()
 
 
-def load_gguf(path: str | Path, keep_int4: bool = False) -> GGUFContents:
+def load_gguf(path: str | Path, keep_int4: bool = False, keep_int8: bool = False) -> GGUFContents:
     """Read a GGUF file into (ModelConfig, HF-named weights, metadata).
 
     Weights are float32, except with `keep_int4`: then the decoder projections stored as
     Q4_0 / Q4_1 come as int4 group-32 QuantizedWeights made from their blocks directly
-    (no float weight is built)."""
+    (no float weight is built); with `keep_int8` those stored as Q8_0 come as int8 ones."""
     gguf_file = GGUFFile(path)
     config = model_config_from_gguf(gguf_file.metadata, frozenset(gguf_file.tensors))
     permuted = gguf_file.metadata["general.architecture"] in _PERMUTED_QK_ARCHITECTURES
@@ -404,6 +411,8 @@ def load_gguf(path: str | Path, keep_int4: bool = False) -> GGUFContents:
         info = gguf_file.tensors[name]
         if keep_int4 and _is_projection(name) and info.ggml_type in _Q4_TYPES:
             tensor = gguf_file.read_int4(name)
+        elif keep_int8 and _is_projection(name) and info.ggml_type == GGMLQuantizationType.Q8_0:
+            tensor = gguf_file.read_int8(name)
         else:
             tensor = gguf_file.read_tensor(name)
         if permuted and (".attn_q." in name or ".attn_k." in name):

@@ -168,13 +168,17 @@ def _load_projection(
     layer: torch.nn.Module, name: str, parts: list[Any], bias: torch.Tensor | None = None
 ) -> None:
     """Fill one (possibly fused) projection: float parts are copied into its nn.Linear;
-    quantized parts (kept from a GGUF file) replace it with a QuantizedLinear."""
-    if all(isinstance(part, torch.Tensor) for part in parts):
-        linear = getattr(layer, name)
-        linear.weight.copy_(torch.cat(parts))
-        if bias is not None:
-            linear.bias.copy_(bias)
-        return
-    if not all(isinstance(part, QuantizedWeight) for part in parts):
-        raise ValueError(f"{name}: cannot fuse quantized and float weights")
-    setattr(layer, name, QuantizedLinear(cat_rows(parts), bias))
+    quantized parts (kept from a GGUF file) replace it with a QuantizedLinear. Parts that
+    cannot share one QuantizedLinear (a GGUF storing q, k and v in different types) are
+    all taken as float weights, which the model's quantization then requantizes."""
+    if all(isinstance(part, QuantizedWeight) for part in parts):
+        try:
+            setattr(layer, name, QuantizedLinear(cat_rows(parts), bias))
+            return
+        except ValueError:
+            pass
+    floats = [p.dequantize() if isinstance(p, QuantizedWeight) else p for p in parts]
+    linear = getattr(layer, name)
+    linear.weight.copy_(torch.cat(floats))
+    if bias is not None:
+        linear.bias.copy_(bias)

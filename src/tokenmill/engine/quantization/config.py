@@ -31,6 +31,12 @@ class QuantConfig:
         are (load_checkpoint(keep_int4=True)) instead of requantizing float weights."""
         return self.method == "int4" and self.group_size == 32
 
+    @property
+    def takes_gguf_int8(self) -> bool:
+        """GGUF Q8_0 blocks become int8 rows from their codes (load_checkpoint(keep_int8=True),
+        weights.from_gguf_q8) instead of through float weights."""
+        return self.method == "int8"
+
     @classmethod
     def parse(cls, method: str | None, group_size: int = 32) -> QuantConfig | None:
         return None if method in (None, "", "none") else cls(str(method), group_size)

@@ -11,6 +11,11 @@ then those of W diag(smooth), the activations it multiplies are divided by `smoo
 W ~ q * s / smooth[None, :].
 GGUF's Q4_0 (x = d (q - 8)) and Q4_1 (x = d q + m) blocks of 32 are int4 groups of 32
 already: s = d and z = 0 (Q4_0) or z = m + 8 d (Q4_1), taken over without building W.
+GGUF's Q8_0 (x = d q, blocks of 32, q in [-127, 127]) has a scale per block where int8 has
+one per row: the row's scale becomes s = max over its blocks of d max|q| / 127 and each code
+is rescaled in the integer domain, q' = round(q d / s), block by block (no [N, K] float
+weight). Where a row's blocks share one scale and reach 127, q' = q exactly; otherwise each
+code moves by at most half a step of s, as quantizing the float row would.
 """
 
 from __future__ import annotations
@@ -170,3 +175,21 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     torch.bitwise_and(packed, 0x0F, out=codes[..., 0])
     torch.bitwise_right_shift(packed, 4, out=codes[..., 1])
     return codes.view(packed.shape[0], -1)
+
+
+def from_gguf_q8(blocks: torch.Tensor, shape: tuple[int, int], rows_per_chunk: int = 1024) -> QuantizedWeight:
+    """GGUF Q8_0 blocks ([d f16][32 x int8]) -> int8 with one scale per row (see the top)."""
+    # blocks: [N * K / 32, 34] uint8
+    n, k = shape
+    per_row = k // 32
+    blocks = blocks.view(n, per_row, 34)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()[..., 0]  # [N, K / 32]
+    codes = blocks[..., 2:].contiguous().view(torch.int8)  # [N, K / 32, 32]
+    block_amax = d.abs() * codes.abs().amax(dim=-1).float()
+    scales = (block_amax.amax(dim=1) / 127.0).clamp_(min=1e-12)
+    q = torch.empty(n, per_row, 32, dtype=torch.int8)
+    for start in range(0, n, rows_per_chunk):  # bounded float temporaries
+        rows = slice(start, start + rows_per_chunk)
+        ratio = d[rows] / scales[rows, None]
+        q[rows] = torch.round(codes[rows].float() * ratio[..., None]).clamp_(-127, 127).to(torch.int8)
+    return QuantizedWeight("int8", q.view(n, k), scales)
