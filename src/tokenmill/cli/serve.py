@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
     )
     engine.add_argument(
         "--quantization", default=None, choices=["int8", "int4", "fp8"],
-        help="weight-only quantization of the decoder projections (default: none)",
+        help="quantization of the decoder projections (default: none; docs/quantization.md)",
     )
     engine.add_argument(
         "--quantization-group-size", type=int, default=32, choices=[32, 64, 128], help="int4 group size"

@@ -44,6 +44,17 @@ def test_kernels_equal_the_aten_reference(dtype, rows, smoothed) -> None:
     assert torch.allclose(got, want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_linear_is_the_aten_composition(dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    qw = quantize(torch.randn(40, 96, generator=g), QuantConfig("int8"))
+    x = torch.randn(6, 96, generator=g).to(dtype)
+    inv = torch.rand(96, generator=g) + 0.5
+    q, s = ia.quantize_rows_torch(x, inv)
+    want = ia.dequantize_rows_torch(torch._int_mm(q, qw.qweight.t()), s, qw.scales, None, dtype)
+    assert torch.equal(ia.int8_linear(x, qw.qweight, qw.scales, inv, None), want)
+
+
 def test_int8_linear_is_the_float_matmul_within_quantization_error() -> None:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(128, 256, generator=g) * 0.05

@@ -11,6 +11,9 @@
 //     codes), scale = max(max|v| / 127, 1e-30), q = round_half_even(v / scale) in [-127, 127]
 //   dequantize_rows(acc int32 [M, N], row_scale [M], col_scale [N], bias [N] or empty, dtype)
 //       -> y [M, N] of dtype: y = acc * row_scale[m] * col_scale[n] (+ bias[n]), rounded once
+//   int8_linear(x, qweight_t [K, N] int8 (a transposed [N, K] view), scales [N], inv_smooth, bias)
+//       -> dequantize_rows(at::_int_mm(quantize_rows(x)), ...) in x's dtype: the three in one
+//       call from Python (a decode step makes 120 of them; each crossing costs microseconds)
 //
 // The float32 operations are the ones of the aten reference in quantization/linear.py, in
 // the same order, so both produce the same bits.
@@ -149,7 +152,15 @@ torch::Tensor dequantize_rows(torch::Tensor acc, torch::Tensor row_scale, torch:
   return y;
 }
 
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor qweight_t, torch::Tensor scales, torch::Tensor inv_smooth,
+                          torch::Tensor bias) {
+  auto quantized = quantize_rows(x, inv_smooth);
+  auto acc = at::_int_mm(quantized[0], qweight_t);
+  return dequantize_rows(acc, quantized[1], scales, bias, x.scalar_type());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int8_linear", &int8_linear, "x W^T (+ bias) with int8 activations and weights");
   m.def("quantize_rows", &quantize_rows, "per-row symmetric int8 quantization of (smoothed) activations");
   m.def("dequantize_rows", &dequantize_rows, "int32 products -> dtype, scaled per row and column (+ bias)");
 }

@@ -35,6 +35,12 @@ def int8_linear(
 ) -> torch.Tensor:
     """x [M, K] float -> x W^T (+ bias) [M, N] in x's dtype; qweight int8 [N, K], scales,
     inv_smooth and bias float32. CPU."""
+    kernel = _cpu_kernel() if x.dtype in (torch.float32, torch.bfloat16) else None
+    if kernel is not None:
+        return kernel.int8_linear(
+            x.contiguous(), qweight.t(), scales, _EMPTY if inv_smooth is None else inv_smooth,
+            _EMPTY if bias is None else bias,
+        )
     q, row_scale = quantize_rows(x, inv_smooth)
     acc = torch._int_mm(q, qweight.t())
     return dequantize_rows(acc, row_scale, scales, bias, x.dtype)
@@ -84,6 +90,11 @@ def _cpu_kernel() -> ModuleType | None:
     except Exception as exc:  # a build failure means "use torch"
         logger.warning("int8 activation C++ kernel unavailable, using torch: %s", exc)
         return None
+
+
+def cpu_kernel() -> ModuleType | None:
+    """The built kernel module, or None where it cannot be built (the aten path runs)."""
+    return _cpu_kernel()
 
 
 def load_cpu_kernel() -> ModuleType | None:

@@ -16,9 +16,11 @@ reason). `prepare()` builds the device-specific packing after the move.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from tokenmill.engine.quantization.int8_activations import int8_linear
+from tokenmill.engine.quantization.int8_activations import cpu_kernel, int8_linear
 from tokenmill.engine.quantization.weights import QuantizedWeight
 
 
@@ -45,6 +47,7 @@ class QuantizedLinear(torch.nn.Module):
         self._inv_smooth = None if weight.smooth is None else (1.0 / weight.smooth.float()).contiguous()
         self._bias_f32 = None if bias is None else bias.detach().float().contiguous()
         self._packed: torch.Tensor | None = None
+        self._int8_call: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._scale_and_zero: torch.Tensor | None = None
 
     @property
@@ -60,6 +63,13 @@ class QuantizedLinear(torch.nn.Module):
         if self._inv_smooth is not None:
             self._inv_smooth = self._inv_smooth.to(device)
         self._bias_f32 = None if self.bias is None else self.bias.float().contiguous()
+        # The int8-activation call, bound once: the C++ kernel with its arguments, or None.
+        self._int8_call = None
+        kernel = cpu_kernel() if self._inv_smooth is not None and device.type == "cpu" else None
+        if kernel is not None:
+            args = (self.qweight.t(), self._scales_f32, self._inv_smooth,
+                    torch.empty(0) if self._bias_f32 is None else self._bias_f32)
+            self._int8_call = lambda x: kernel.int8_linear(x, *args)
         if self.method == "int4" and self.qweight.device.type == "cpu":
             assert self.zeros is not None
             self._packed = torch._convert_weight_to_int4pack_for_cpu(self.qweight.to(torch.int32), 1)
@@ -68,6 +78,8 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in_features] -> [T, out_features]
+        if self._int8_call is not None and x.dtype in (torch.float32, torch.bfloat16):
+            return self._int8_call(x.contiguous())
         if self.method == "int8" and self._inv_smooth is not None and x.device.type == "cpu":
             return int8_linear(x, self.qweight, self._scales_f32, self._inv_smooth, self._bias_f32)
         if self.method == "int8":
