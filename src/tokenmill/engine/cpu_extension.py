@@ -8,7 +8,9 @@ unchanged one is only re-linked by ninja if at all.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
+import logging
 import os
 import platform
 from pathlib import Path
@@ -16,6 +18,8 @@ from types import ModuleType
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast")
+
+logger = logging.getLogger(__name__)
 
 
 def extension_dir() -> Path:
@@ -48,6 +52,17 @@ def build_extension(source: Path) -> ModuleType:
             build_directory=str(build_dir),
             verbose=False,
         )
+
+
+@functools.cache
+def optional_extension(source_name: str) -> ModuleType | None:
+    """build_extension(CSRC / source_name), built once per process, or None where it cannot
+    be built (logged): its callers then take their torch path."""
+    try:
+        return build_extension(CSRC / source_name)
+    except Exception as exc:  # a build failure means "use torch"
+        logger.warning("C++ kernel %s unavailable, using torch: %s", source_name, exc)
+        return None
 
 
 def _cpu_fingerprint() -> str:

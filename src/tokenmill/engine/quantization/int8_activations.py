@@ -13,15 +13,11 @@ one row. The quantize and rescale ends are one C++ pass each on the CPU
 
 from __future__ import annotations
 
-import functools
-import logging
 from types import ModuleType
 
 import torch
 
-from tokenmill.engine.cpu_extension import CSRC, build_extension
-
-logger = logging.getLogger(__name__)
+from tokenmill.engine.cpu_extension import optional_extension
 
 _EMPTY = torch.empty(0)
 
@@ -83,13 +79,8 @@ def dequantize_rows_torch(
     return y.to(dtype)
 
 
-@functools.cache
 def _cpu_kernel() -> ModuleType | None:
-    try:
-        return build_extension(CSRC / "int8_activations.cpp")
-    except Exception as exc:  # a build failure means "use torch"
-        logger.warning("int8 activation C++ kernel unavailable, using torch: %s", exc)
-        return None
+    return optional_extension("int8_activations.cpp")
 
 
 def cpu_kernel() -> ModuleType | None:

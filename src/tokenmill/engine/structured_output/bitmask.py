@@ -9,15 +9,11 @@ elsewhere, and if the kernel cannot be built, the same result in torch ops.
 
 from __future__ import annotations
 
-import functools
-import logging
 from types import ModuleType
 
 import torch
 
-from tokenmill.engine.cpu_extension import CSRC, build_extension
-
-logger = logging.getLogger(__name__)
+from tokenmill.engine.cpu_extension import optional_extension
 
 
 def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
@@ -49,13 +45,8 @@ def apply_token_bitmask_torch_(logits: torch.Tensor, bitmask: torch.Tensor, rows
     logits[rows] = logits[rows].masked_fill(~allowed[:, :vocab], float("-inf"))
 
 
-@functools.cache
 def _cpu_kernel() -> ModuleType | None:
-    try:
-        return build_extension(CSRC / "token_bitmask.cpp")
-    except Exception as exc:  # a build failure means "use torch"
-        logger.warning("token bitmask C++ kernel unavailable, using torch: %s", exc)
-        return None
+    return optional_extension("token_bitmask.cpp")
 
 
 def load_cpu_kernel() -> ModuleType | None:
