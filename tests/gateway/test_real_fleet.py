@@ -102,11 +102,12 @@ def fleet_hit_rate(replicas: list[Replica], run: Any) -> tuple[float, Any]:
 
 
 def conversations(gw: GatewayProc, nonce: str) -> dict[int, set[str]]:
-    """4 system prompts x 3 questions, each conversation's questions in a row (round-robin
-    then sends the 3 turns of a conversation to 3 different replicas)."""
+    """6 system prompts x 3 questions, each conversation's questions in a row (round-robin
+    then sends the 3 turns of a conversation to 3 different replicas). With 6, all of them
+    hashing onto one replica (which the spread check below would fail on) has odds 3 / 3^6."""
     served: dict[int, set[str]] = {}
     with gw.client("k-any", timeout=120) as client:
-        for i in range(4):
+        for i in range(6):
             system = f"{nonce} desk {i}. " + f"You are assistant number {i} of the support desk; answer briefly. " * 4
             for j in range(3):
                 messages = [{"role": "system", "content": system}, {"role": "user", "content": f"Question {j}: hi?"}]
@@ -160,7 +161,14 @@ def test_sigkill_mid_load_loses_no_request_that_had_not_started_streaming(
 
             plain = [send(i, False) for i in range(10)]
             streams = [send(100 + i, True) for i in range(4)]
-            await asyncio.sleep(1.0)
+            # Kill once eu-2 is decoding several of them (a fixed delay let a fast machine
+            # finish every request first).
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                text = (await client.get(eu2.url + "/metrics")).text
+                if metric_value(text, "tokenmill:num_requests_running") >= 3:
+                    break
             eu2.proc.proc.send_signal(signal.SIGKILL)
             return list(await asyncio.gather(*plain)), list(await asyncio.gather(*streams))
 
