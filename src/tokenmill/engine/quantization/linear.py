@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from tokenmill.engine.quantization.int8_activations import cpu_kernel, int8_linear
+from tokenmill.engine.quantization.int8_activations import bind_int8_linear
 from tokenmill.engine.quantization.weights import QuantizedWeight
 
 
@@ -62,14 +62,11 @@ class QuantizedLinear(torch.nn.Module):
         self._scales_f32 = self._scales_f32.to(device)
         if self._inv_smooth is not None:
             self._inv_smooth = self._inv_smooth.to(device)
-        self._bias_f32 = None if self.bias is None else self.bias.float().contiguous()
-        # The int8-activation call, bound once: the C++ kernel with its arguments, or None.
+        if self._bias_f32 is not None:
+            self._bias_f32 = self._bias_f32.to(device)
         self._int8_call = None
-        kernel = cpu_kernel() if self._inv_smooth is not None and device.type == "cpu" else None
-        if kernel is not None:
-            args = (self.qweight.t(), self._scales_f32, self._inv_smooth,
-                    torch.empty(0) if self._bias_f32 is None else self._bias_f32)
-            self._int8_call = lambda x: kernel.int8_linear(x, *args)
+        if self._inv_smooth is not None and device.type == "cpu":
+            self._int8_call = bind_int8_linear(self.qweight, self._scales_f32, self._inv_smooth, self._bias_f32)
         if self.method == "int4" and self.qweight.device.type == "cpu":
             assert self.zeros is not None
             self._packed = torch._convert_weight_to_int4pack_for_cpu(self.qweight.to(torch.int32), 1)
@@ -78,10 +75,8 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, in_features] -> [T, out_features]
-        if self._int8_call is not None and x.dtype in (torch.float32, torch.bfloat16):
-            return self._int8_call(x.contiguous())
-        if self.method == "int8" and self._inv_smooth is not None and x.device.type == "cpu":
-            return int8_linear(x, self.qweight, self._scales_f32, self._inv_smooth, self._bias_f32)
+        if self._int8_call is not None:
+            return self._int8_call(x)
         if self.method == "int8":
             if self._inv_smooth is not None:
                 x = x * self._inv_smooth.to(x.dtype)

@@ -13,7 +13,8 @@ from the largest activation |X_k| seen on a calibration text and the weight's la
 calibration text ships with Python and is not the evaluation text of quality.py: the
 docstrings of a fixed list of standard-library modules, its first CALIBRATION_TOKENS
 tokens. On the default model (bf16, 20k tokens of the pydoc topics) int8 activations cost
-+3.3% perplexity without smoothing and +1.3% with it; alpha 0.4 and 0.7 measured +1.5%.
++3.3% perplexity without smoothing and +0.8% with it; in a prototype (bf16-rounded scales,
++1.3% at alpha 0.5) alpha 0.4 and 0.7 measured +1.5%.
 """
 
 from __future__ import annotations
