@@ -111,7 +111,8 @@ def byte_model() -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
 
 @pytest.fixture
 def make_byte_core(byte_model):
-    """Factory of EngineCores on the byte model (float32, block size 16, tokenizer set)."""
+    """Factory of EngineCores on the byte model (float32 unless `dtype`, block size 16,
+    tokenizer set)."""
     from tokenmill.engine.config import CacheConfig, DeviceConfig, EngineConfig, SchedulerConfig
     from tokenmill.engine.core import EngineCore
     from tokenmill.engine.runner.kv_cache_tensors import bytes_per_block
@@ -119,7 +120,8 @@ def make_byte_core(byte_model):
     config, weights, tokenizer = byte_model
 
     def make(
-        *, num_blocks: int = 256, max_num_seqs: int = 16, max_batched: int = 256, speculative=None, **kwargs
+        *, num_blocks: int = 256, max_num_seqs: int = 16, max_batched: int = 256, speculative=None,
+        dtype: str = "float32", **kwargs
     ):
         return EngineCore(
             EngineConfig(
@@ -131,7 +133,7 @@ def make_byte_core(byte_model):
                 scheduler=SchedulerConfig(
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched, max_model_len=512
                 ),
-                device=DeviceConfig(dtype="float32"),
+                device=DeviceConfig(dtype=dtype),
                 speculative=speculative,
             ),
             weights,

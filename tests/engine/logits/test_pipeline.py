@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tokenmill.engine.logits.pipeline import LogitsProcessorPipeline
 from tokenmill.engine.logits.processor import BatchUpdate, ProcessorContext
 from tokenmill.engine.request import SamplingParams
+from tokenmill.engine.structured_output.spec import StructuredOutputsParams
 
 CONTEXT = ProcessorContext(vocab_size=8, device=torch.device("cpu"), eos_token_ids=(7,))
 USES = SamplingParams(logits_processors=["rec"])
@@ -111,3 +113,43 @@ def test_validate_names_and_arguments() -> None:
         from tokenmill.engine.structured_output.spec import StructuredOutputsParams
 
         pipeline.validate(SamplingParams(structured_outputs=StructuredOutputsParams(regex="a")))
+
+
+class FakeStructured:
+    """Stands in for the grammar constraint: records updates, hands out a fixed mask."""
+
+    def __init__(self) -> None:
+        self.updates: list[BatchUpdate | None] = []
+        self.mask_calls = 0
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self.updates.append(batch_update)
+
+    def mask(self):
+        self.mask_calls += 1
+        return torch.full((1, 1), -1, dtype=torch.int32), torch.tensor([1])
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("grammar_mask stands in for apply")
+
+
+def test_grammar_mask_stands_in_for_apply_only_while_no_custom_processor_is_used() -> None:
+    recorder, structured = Recorder(CONTEXT), FakeStructured()
+    pipeline = LogitsProcessorPipeline({"rec": recorder}, CONTEXT, lambda r: ([5], []), structured)
+    grammar = SamplingParams(structured_outputs=StructuredOutputsParams(regex="a"))
+    pipeline.add("a", PLAIN)
+    pipeline.add("b", grammar)
+    assert pipeline.grammar_only
+    bitmask, rows = pipeline.grammar_mask(["a", "b"])
+    assert bitmask.tolist() == [[-1]]
+    assert rows.tolist() == [1] and structured.mask_calls == 1
+    # Both processors saw the batch's rows arrive, exactly as apply() would have sent them.
+    assert [summary(u) for u in structured.updates] == [(2, [], [], [(0, "a", [5], []), (1, "b", [5], [])])]
+    assert [summary(u) for u in recorder.updates] == [summary(u) for u in structured.updates]
+    assert pipeline.grammar_mask(["a", "b"]) is not None and structured.updates[-1] is None
+    pipeline.add("c", USES)
+    assert not pipeline.grammar_only
+    with pytest.raises(RuntimeError, match="custom logits processors"):
+        pipeline.grammar_mask(["a", "b", "c"])
+    pipeline.remove("c")
+    assert pipeline.grammar_only

@@ -9,6 +9,7 @@ from tokenmill.engine.structured_output.bitmask import (
     apply_token_bitmask_,
     apply_token_bitmask_torch_,
     load_cpu_kernel,
+    masked_float,
 )
 
 
@@ -44,3 +45,31 @@ def test_vocabulary_past_the_mask_is_disallowed() -> None:
     mask = torch.full((1, 1), -1, dtype=torch.int32)  # covers tokens 0..31 only
     apply_token_bitmask_(logits, mask, torch.tensor([0]))
     assert torch.isfinite(logits[0]).sum() == 32
+
+
+def test_masked_float_is_the_conversion_then_the_mask_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(1)
+    vocab = 1000 + 7  # not a multiple of 32: the tail word is partial
+    logits = torch.randn(5, vocab, generator=g).bfloat16()
+    mask = torch.randint(-(2**31), 2**31 - 1, (3, (vocab + 31) // 32), generator=g, dtype=torch.int32)
+    mask[0, :4] = -1
+    mask[2, 5:11] = 0
+    rows = torch.tensor([3, 0, 4])
+    ref = logits.float()
+    apply_token_bitmask_torch_(ref, mask, rows)
+    out = torch.full((5, vocab), 7.0)
+    assert masked_float(logits, mask, rows, out=out) is out
+    assert torch.equal(out, ref)
+    assert torch.equal(out[[1, 2]], logits[[1, 2]].float())  # rows not named: plain conversion
+    assert torch.equal(masked_float(logits, mask, rows), ref)  # no buffer: a fresh tensor
+
+
+def test_masked_float_from_float32_and_a_short_mask() -> None:
+    logits = torch.arange(80, dtype=torch.float32).view(2, 40)
+    mask = torch.zeros(1, 1, dtype=torch.int32)  # covers tokens 0..31 only
+    mask[0, 0] = 1 << 3
+    out = masked_float(logits, mask, torch.tensor([1]))
+    assert torch.equal(out[0], torch.arange(40, dtype=torch.float32))
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [3] and out[1, 3] == 43.0
+    bf16 = logits.bfloat16()
+    assert torch.equal(masked_float(bf16, mask, torch.tensor([1])), out)

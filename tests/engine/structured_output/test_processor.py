@@ -4,6 +4,7 @@ junk, so every valid output below is the grammar's doing."""
 from __future__ import annotations
 
 import json
+import threading
 
 import jsonschema
 import pytest
@@ -152,3 +153,71 @@ def test_unsupported_schema_and_bad_grammar_are_refused_at_add(make_byte_core) -
     with pytest.raises(ValueError, match="unsupported regex"):
         core.add_request(Request("y", [1], constrained(StructuredOutputsParams(regex="(unclosed"))))
     assert not core.has_unfinished_requests()
+
+
+def test_bf16_mask_fused_into_the_logits_conversion_samples_as_the_mask_applied_after(
+    make_byte_core, monkeypatch
+) -> None:
+    """In bfloat16 the runner writes the grammar mask into the logits' float conversion
+    (one pass); the same requests with the mask applied after a plain conversion, as the
+    processors' apply() does, give the same tokens, greedy and seeded, row for row."""
+    import tokenmill.engine.runner.model_runner as model_runner
+
+    spec = StructuredOutputsParams(json=SCHEMA)
+    params = [constrained(spec, temperature=0.0)] + [constrained(spec, temperature=1.0, seed=s) for s in range(5)]
+
+    def requests():
+        # One unconstrained row among them: its logits row is converted, never masked.
+        plain = Request("plain", [9, 9], SamplingParams(max_tokens=30, temperature=0.0), eos_token_ids=(256,))
+        return [Request(f"r{i}", [1 + i, 2, 3], p, eos_token_ids=(256,)) for i, p in enumerate(params)] + [plain]
+
+    fused_calls = []
+    real = model_runner.masked_float
+    monkeypatch.setattr(model_runner, "masked_float", lambda *a, **k: fused_calls.append(1) or real(*a, **k))
+    fused, finish = run(make_byte_core(dtype="bfloat16"), requests())
+    assert len(fused_calls) > 20
+    fused_calls.clear()
+    unfused_core = make_byte_core(dtype="bfloat16")
+    monkeypatch.setattr(unfused_core.runner, "_fuses_grammar", lambda *a: False)
+    unfused, _ = run(unfused_core, requests())
+    assert fused_calls == []
+    assert fused == unfused
+    for i in range(len(params)):
+        assert finish[f"r{i}"][0] == "stop"
+        jsonschema.validate(json.loads(text(fused[f"r{i}"])), SCHEMA)
+
+
+def test_prefetched_masks_survive_rows_leaving_and_joining(make_byte_core) -> None:
+    """Rows finish at different steps and new ones join mid-run: each step uses the masks
+    prefetched for the rows that stayed (by row, whatever index they move to) and fills
+    only the new ones. Outputs equal each request run alone."""
+    spec = StructuredOutputsParams(json=SCHEMA)
+    lengths = [200, 9, 200, 17, 200, 5]  # some end by length early, moving the others
+    reqs = [Request(f"m{i}", [3 + i, 1], constrained(spec, temperature=1.0, seed=i, max_tokens=n),
+                    eos_token_ids=(256,)) for i, n in enumerate(lengths)]
+    core = make_byte_core()
+    fills = []
+    processor = core.runner.processors._structured
+    real_fill = processor._fill
+    processor._fill = lambda rows, start: fills.append((threading.current_thread().name, len(rows))) or real_fill(
+        rows, start
+    )
+    for r in reqs[:4]:
+        core.add_request(r)
+    tokens = {r.request_id: [] for r in reqs}
+    steps = 0
+    while core.has_unfinished_requests():
+        steps += 1
+        if steps == 4:  # two join while four decode
+            core.add_request(reqs[4])
+            core.add_request(reqs[5])
+        for o in core.step():
+            tokens[o.req_id].extend(o.new_token_ids)
+    for r in reqs:
+        alone, _ = run(make_byte_core(), [Request("a", r.prompt_token_ids, r.sampling_params, eos_token_ids=(256,))])
+        assert tokens[r.request_id] == alone["a"], r.request_id
+    # The engine's thread filled only rows that had no prefetch: the first four at their
+    # first step, then the two that joined; the worker filled every other step's masks.
+    assert [n for name, n in fills if not name.startswith("tokenmill-mask")] == [4, 2]
+    assert sum(1 for name, _ in fills if name.startswith("tokenmill-mask")) > 20
+    assert core.stats().num_kv_blocks_used == 0

@@ -8,6 +8,11 @@ structured-output constraint last (so nothing can re-enable a token the grammar 
 After sampling, `record(tokens)` appends each row's token to its live history and asks the
 processors which rows must stop (grammar end) or failed.
 
+When no request of the batch names a custom processor, the grammar is the step's only
+processing, and `grammar_mask(req_ids)` stands in for apply: it brings the processors up
+to date the same way and returns the constraint's bitmask, which the runner fuses into
+the logits' bfloat16 -> float32 conversion (the mask then costs no pass of its own).
+
 A step in which no request of the batch uses any processor costs one integer check: the
 processors see no rows then (every row is removed from them when the last user leaves),
 and rows are added back, with their history read from the runner, when a user returns. A
@@ -47,6 +52,7 @@ class LogitsProcessorPipeline:
         self._generation: dict[str, int] = {}
         self._generations = itertools.count()
         self._users = 0  # requests in the runner's batch that use any processor
+        self._custom_users = 0  # those that name a custom processor
         self._batch: list[tuple[str, int]] = []  # rows the processors hold, by index
         self._outputs: list[list[int]] = []  # live output history of each row
 
@@ -76,10 +82,14 @@ class LogitsProcessorPipeline:
         self._generation[req_id] = next(self._generations)
         if _uses_processors(params):
             self._users += 1
+        if params.logits_processors:
+            self._custom_users += 1
 
     def remove(self, req_id: str) -> None:
         params = self._params.pop(req_id, None)
         self._generation.pop(req_id, None)
+        if params is not None and params.logits_processors:
+            self._custom_users -= 1
         if params is not None and _uses_processors(params):
             self._users -= 1
             if self._users == 0 and self._batch:
@@ -96,6 +106,23 @@ class LogitsProcessorPipeline:
         for processor in self._order:
             logits = processor.apply(logits)
         return logits
+
+    def grammar_mask(self, req_ids: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """In place of apply() when the grammar is the only processing this step: the
+        constraint's (bitmask [m, words], rows [m]) for logits rows in req_ids order, None
+        when nothing is constrained. Only while grammar_only."""
+        if self._custom_users:
+            raise RuntimeError("custom logits processors are in use: call apply()")
+        if self._users == 0 or self._structured is None:
+            return None
+        rows = [(r, self._generation[r]) for r in req_ids]
+        self._send(None if rows == self._batch else self._diff(rows))
+        return self._structured.mask()
+
+    @property
+    def grammar_only(self) -> bool:
+        """Whether grammar_mask() may stand in for apply() (no custom processor in use)."""
+        return self._custom_users == 0
 
     def record(
         self, token_ids: Sequence[int], rows: Sequence[int] | None = None

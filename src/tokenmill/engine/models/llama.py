@@ -123,9 +123,11 @@ class LlamaForCausalLM(torch.nn.Module):
         self.ops.add_rms_norm_(x, residual, self.norm.weight, self.norm.eps)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [R, hidden] -> float32 logits [R, vocab]."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """hidden: [R, hidden] -> logits [R, vocab], float32 or (float32=False) in the
+        model's dtype, for a caller that fuses its own conversion."""
+        logits = self.lm_head(hidden)
+        return logits.float() if float32 else logits
 
     def load_weights(self, weights: dict[str, Any]) -> None:
         """Copy HF-named tensors in, fusing q|k|v and gate|up. Every tensor must be used."""

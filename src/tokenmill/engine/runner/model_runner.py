@@ -50,6 +50,7 @@ from tokenmill.engine.spec_decode.ngram import NgramLookup
 from tokenmill.engine.spec_decode.policy import StepCost
 from tokenmill.engine.spec_decode.proposer import Proposer
 from tokenmill.engine.spec_decode.rejection import verify
+from tokenmill.engine.structured_output.bitmask import masked_float
 from tokenmill.engine.structured_output.compiler import GrammarCompiler
 from tokenmill.engine.structured_output.processor import StructuredOutputProcessor
 
@@ -126,6 +127,9 @@ class ModelRunner:
             self._history,
             StructuredOutputProcessor(context, grammar_compiler) if grammar_compiler else None,
         )
+        # The float32 logits a grammar-masked step writes (grown on demand, reused every
+        # step: valid only within the step that wrote them).
+        self._masked_logits = torch.empty(0, model_config.vocab_size, device=self.device)
         # req_id -> top-k of the prompt logprobs it asked for (only while its prompt runs).
         self.prompt_logprobs_k: dict[str, int] = {}
         self.proposer = self._build_proposer(speculative, draft)
@@ -202,30 +206,54 @@ class ModelRunner:
         sample_ids = [req_ids[i] for i in inputs.sample_req_indices]
         output = ModelRunnerOutput(req_ids=sample_ids)
         if sample_ids:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            fuse = self._fuses_grammar(sample_ids, sched)
+            logits = self.model.compute_logits(hidden[inputs.logits_indices], float32=not fuse)
             # The forward's time (what the speculation policy prices), ending at a sync.
             output.forward_seconds = time.perf_counter() - begin if logits.device.type == "cpu" else None
             if sched.spec_token_ids:
                 self._verify(logits, sample_ids, inputs, sched, output)
             else:
-                self._sample(logits, sample_ids, inputs, output)
+                self._sample(logits, sample_ids, inputs, output, fuse)
         self._prompt_logprobs(req_ids, inputs, hidden, output)
         if self.proposer is not None and sample_ids:
             self._propose(sample_ids, sched, output)
         return output
 
+    def _fuses_grammar(self, sample_ids: list[str], sched: SchedulerOutput) -> bool:
+        """Whether this step's grammar mask goes into the logits' float conversion: plain
+        sampling whose only processing is the grammar, and no row reporting logprobs (those
+        are of the distribution before any processing)."""
+        processors = self.processors
+        return (
+            processors.active and processors.grammar_only and not sched.spec_token_ids
+            and not self.sampling.wants_logprobs(sample_ids)
+        )
+
+    def _masked_out(self, num_rows: int) -> torch.Tensor:
+        if self._masked_logits.shape[0] < num_rows:
+            self._masked_logits = torch.empty(
+                max(num_rows, 2 * self._masked_logits.shape[0]), self._masked_logits.shape[1], device=self.device
+            )
+        return self._masked_logits[:num_rows]
+
     def _sample(
-        self, logits: torch.Tensor, sample_ids: list[str], inputs: _StepInputs, output: ModelRunnerOutput
+        self, logits: torch.Tensor, sample_ids: list[str], inputs: _StepInputs, output: ModelRunnerOutput,
+        fuse_grammar: bool = False,
     ) -> None:
         processors = self.processors
-        process = (lambda x: processors.apply(x, sample_ids)) if processors.active else None
+        process = None
+        if fuse_grammar:
+            mask = processors.grammar_mask(sample_ids)
+            logits = masked_float(logits, *mask, out=self._masked_out(len(sample_ids))) if mask else logits.float()
+        elif processors.active:
+            process = lambda x: processors.apply(x, sample_ids)  # noqa: E731
         tokens, logprobs = self.sampling.sample(logits, sample_ids, process)
         token_list = tokens.tolist()
         self.input_batch.append_tokens(inputs.sample_rows, np.asarray(token_list, np.int32))
         self.sampling.append_tokens(sample_ids, token_list)
         output.sampled_token_ids = [[t] for t in token_list]
         output.logprobs = logprobs
-        if process is not None:
+        if process is not None or fuse_grammar:
             stopped, failed = processors.record(token_list)
             output.stopped_req_ids.update(stopped)
             output.failed_req_ids.update(failed)

@@ -261,6 +261,10 @@ class SamplingBatch:
         assert view.max_logprobs is not None
         return tokens, _logprobs_of(raw_logprobs, tokens, view.max_logprobs)
 
+    def wants_logprobs(self, req_ids: list[str]) -> bool:
+        """Whether any of these rows reports logprobs."""
+        return self._step_view(req_ids).max_logprobs is not None
+
     def is_bare_argmax(self, req_ids: list[str]) -> bool:
         """Whether `sample` over these rows is a plain argmax of the logits."""
         return self._step_view(req_ids).bare_argmax

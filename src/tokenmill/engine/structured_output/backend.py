@@ -12,7 +12,7 @@ bitmask of every constrained row of the batch in one call.
     Matcher.validate_tokens(ts) -> n   how many of ts, in order, it would accept (no change)
     Matcher.rollback(k)                undo the last k accepted tokens
     GrammarBackend.fill_bitmask([(matcher, row)], bitmask)
-    GrammarBackend.accept_tokens([(matcher, token)]) -> [accepted]   the batch, one call
+    GrammarBackend.advance([(matcher, token)]) -> [terminated | None]   the batch, one call
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class GrammarBackend(Protocol):
         """Write row `row` of `bitmask` (int32 [rows, ceil(vocab / 32)], CPU) for each pair."""
         ...
 
-    def accept_tokens(self, pairs: Sequence[tuple[Matcher, int]]) -> list[bool]:
-        """`accept_token` for each pair (one token per matcher), batched."""
+    def advance(self, pairs: Sequence[tuple[Matcher, int]]) -> list[bool | None]:
+        """`accept_token` for each pair (one token per matcher), batched: None where the
+        token was refused (that matcher is dead), else the matcher's is_terminated()."""
         ...

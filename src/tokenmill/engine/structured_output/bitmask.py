@@ -5,6 +5,10 @@ word w = token 32 * w + b is allowed); `apply_token_bitmask_` sets every disallo
 token's logit to -inf in the given logits rows. On the CPU a small C++ kernel does it
 (torch's bit unpacking costs ~8 ms at 64 rows x 49152 tokens, the kernel well under 1 ms);
 elsewhere, and if the kernel cannot be built, the same result in torch ops.
+`masked_float` fuses the same mask into the bfloat16 -> float32 conversion of the logits
+(the runner's path when the grammar is a step's only logits processing): at 64 rows x
+49152 tokens 0.118 ms against 0.116 ms for the bare conversion and 0.259 ms for
+conversion then mask.
 """
 
 from __future__ import annotations
@@ -29,6 +33,25 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: torc
         kernel.apply_token_bitmask_(logits, bitmask.contiguous(), rows.contiguous())
         return
     apply_token_bitmask_torch_(logits, bitmask, rows)
+
+
+def masked_float(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """logits as float32 with apply_token_bitmask_'s -inf, written into `out` when given
+    (a buffer the caller reuses: a fresh 12 MB tensor per step costs ~3,000 page faults,
+    4-5 ms at 64 rows). On the CPU, from bfloat16, one pass that costs what the plain
+    conversion does (the mask rides along for free)."""
+    # logits: [n, vocab] any float dtype; bitmask: [m, words] int32 (CPU); rows: [m] int64 (CPU)
+    if out is None:
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    kernel = _cpu_kernel() if logits.device.type == "cpu" and logits.dtype == torch.bfloat16 else None
+    if kernel is not None and logits.is_contiguous() and out.is_contiguous():
+        kernel.masked_float_(out, logits, bitmask.contiguous(), rows.contiguous())
+        return out
+    out.copy_(logits)
+    apply_token_bitmask_(out, bitmask, rows)
+    return out
 
 
 def apply_token_bitmask_torch_(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
