@@ -26,19 +26,28 @@
 #include <immintrin.h>
 #endif
 
-void apply_token_bitmask_(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat32 && logits.is_contiguous(),
-              "logits must be a contiguous float32 [n, vocab] tensor");
+// logits [n, vocab] of `dtype`, bitmask [m, words] int32, rows [m] int64 naming rows of logits.
+static void check_arguments(const torch::Tensor& logits, at::ScalarType dtype, const torch::Tensor& bitmask,
+                            const torch::Tensor& rows) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == dtype && logits.is_contiguous(),
+              "logits must be a contiguous ", dtype, " [n, vocab] tensor");
   TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous(),
               "bitmask must be a contiguous int32 [m, words] tensor");
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.size(0) == bitmask.size(0),
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.is_contiguous() &&
+                  rows.size(0) == bitmask.size(0),
               "rows must be int64 [m]");
-  const int64_t n = logits.size(0), vocab = logits.size(1);
+  const int64_t n = logits.size(0);
+  const int64_t* row_of = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows.size(0); ++i) TORCH_CHECK(row_of[i] >= 0 && row_of[i] < n, "row index out of range");
+}
+
+void apply_token_bitmask_(torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows) {
+  check_arguments(logits, torch::kFloat32, bitmask, rows);
+  const int64_t vocab = logits.size(1);
   const int64_t m = bitmask.size(0), words = bitmask.size(1);
   float* out = logits.data_ptr<float>();
   const int32_t* mask = bitmask.data_ptr<int32_t>();
   const int64_t* row_of = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < m; ++i) TORCH_CHECK(row_of[i] >= 0 && row_of[i] < n, "row index out of range");
   const float neg_inf = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -92,12 +101,7 @@ static inline void convert_word(const uint16_t* src, float* dst, uint32_t word, 
 }
 
 void masked_float_(torch::Tensor out, torch::Tensor logits, torch::Tensor bitmask, torch::Tensor rows) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kBFloat16 && logits.is_contiguous(),
-              "logits must be a contiguous bfloat16 [n, vocab] tensor");
-  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous(),
-              "bitmask must be a contiguous int32 [m, words] tensor");
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.size(0) == bitmask.size(0),
-              "rows must be int64 [m]");
+  check_arguments(logits, torch::kBFloat16, bitmask, rows);
   const int64_t n = logits.size(0), vocab = logits.size(1);
   const int64_t m = bitmask.size(0), words = bitmask.size(1);
   TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.size(0) == n && out.size(1) == vocab,
@@ -107,10 +111,7 @@ void masked_float_(torch::Tensor out, torch::Tensor logits, torch::Tensor bitmas
   const int32_t* mask = bitmask.data_ptr<int32_t>();
   const int64_t* row_of = rows.data_ptr<int64_t>();
   std::vector<int64_t> mask_of(n, -1);  // logits row -> its bitmask row, or -1
-  for (int64_t i = 0; i < m; ++i) {
-    TORCH_CHECK(row_of[i] >= 0 && row_of[i] < n, "row index out of range");
-    mask_of[row_of[i]] = i;
-  }
+  for (int64_t i = 0; i < m; ++i) mask_of[row_of[i]] = i;
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint16_t* s = src + r * vocab;
