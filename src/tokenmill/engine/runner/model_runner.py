@@ -244,7 +244,8 @@ class ModelRunner:
         process = None
         if fuse_grammar:
             mask = processors.grammar_mask(sample_ids)
-            logits = masked_float(logits, *mask, out=self._masked_out(len(sample_ids))) if mask else logits.float()
+            out = self._masked_out(len(sample_ids))
+            logits = logits.float() if mask is None else masked_float(logits, *mask, out=out)
         elif processors.active:
             process = lambda x: processors.apply(x, sample_ids)  # noqa: E731
         tokens, logprobs = self.sampling.sample(logits, sample_ids, process)

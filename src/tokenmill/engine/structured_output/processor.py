@@ -109,7 +109,7 @@ class StructuredOutputProcessor:
         indices = [i for i, _ in live]
         if indices != self._index_rows:
             self._index_rows, self._index = indices, torch.tensor(indices, dtype=torch.int64)
-        if masks[-1] == len(masks) - 1 and masks == list(range(len(masks))):
+        if masks == list(range(len(masks))):  # the usual step: the prefetch, in order
             return self._bitmask[: len(masks)], self._index
         return self._bitmask[torch.tensor(masks, dtype=torch.int64)], self._index
 
