@@ -68,8 +68,9 @@ def test_masked_float_from_float32_and_a_short_mask() -> None:
     logits = torch.arange(80, dtype=torch.float32).view(2, 40)
     mask = torch.zeros(1, 1, dtype=torch.int32)  # covers tokens 0..31 only
     mask[0, 0] = 1 << 3
-    out = masked_float(logits, mask, torch.tensor([1]))
+    bf16 = logits.bfloat16()
+    out = masked_float(logits, mask, torch.tensor([1]), out=torch.empty(2, 40))
+    assert out is logits  # float32: masked in place, no conversion into `out`
     assert torch.equal(out[0], torch.arange(40, dtype=torch.float32))
     assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [3] and out[1, 3] == 43.0
-    bf16 = logits.bfloat16()
     assert torch.equal(masked_float(bf16, mask, torch.tensor([1])), out)

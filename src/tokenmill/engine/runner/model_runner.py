@@ -244,8 +244,10 @@ class ModelRunner:
         process = None
         if fuse_grammar:
             mask = processors.grammar_mask(sample_ids)
-            out = self._masked_out(len(sample_ids))
-            logits = logits.float() if mask is None else masked_float(logits, *mask, out=out)
+            if mask is None:
+                logits = logits.float()
+            else:
+                logits = masked_float(logits, *mask, out=self._masked_out(len(sample_ids)))
         elif processors.active:
             process = lambda x: processors.apply(x, sample_ids)  # noqa: E731
         tokens, logprobs = self.sampling.sample(logits, sample_ids, process)

@@ -38,11 +38,15 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor, rows: torc
 def masked_float(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """logits as float32 with apply_token_bitmask_'s -inf, written into `out` when given
-    (a buffer the caller reuses: a fresh 12 MB tensor per step costs ~3,000 page faults,
-    4-5 ms at 64 rows). On the CPU, from bfloat16, one pass that costs what the plain
-    conversion does (the mask rides along for free)."""
+    """logits as float32 with apply_token_bitmask_'s -inf. Float32 logits are masked in
+    place (nothing to convert); others are converted into `out` when given (a buffer the
+    caller reuses: a fresh 12 MB tensor per step costs ~3,000 page faults, 4-5 ms at 64
+    rows). On the CPU, from bfloat16, one pass that costs what the plain conversion does
+    (the mask rides along for free)."""
     # logits: [n, vocab] any float dtype; bitmask: [m, words] int32 (CPU); rows: [m] int64 (CPU)
+    if logits.dtype == torch.float32:
+        apply_token_bitmask_(logits, bitmask, rows)
+        return logits
     if out is None:
         out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     kernel = _cpu_kernel() if logits.device.type == "cpu" and logits.dtype == torch.bfloat16 else None
